@@ -1,0 +1,226 @@
+"""GPU and node series from Prometheus into the lake, and their hourly roll-up."""
+
+from datetime import datetime, timedelta
+
+import dagster as dg
+import duckdb
+import pyarrow as pa
+
+from foxhunt_obs.defs.gpu.partitions import DAILY, HOURLY, days_of, hours_of
+from foxhunt_obs.defs.resources import LakeResource, PrometheusResource
+from foxhunt_obs.lib.analysis.catalog import load_catalog
+from foxhunt_obs.lib.analysis.gpu_hourly import build_gpu_hourly, hour_key
+from foxhunt_obs.lib.analysis.gpu_series import Window, collect_gpu_samples, collect_node_samples
+from foxhunt_obs.lib.lake import LakeError
+from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES, NODE_SAMPLES
+from foxhunt_obs.lib.settings import Settings
+from foxhunt_obs.lib.sources.prometheus import PrometheusError
+
+GPU_SAMPLES_CHECKS = [
+    dg.AssetCheckSpec(
+        "values_in_range", asset="gpu_samples", description="util in 0-1, temperature -20..130 °C"
+    ),
+    dg.AssetCheckSpec(
+        "unique_uuid_ts", asset="gpu_samples", description="one row per GPU (uuid) per timestamp"
+    ),
+    dg.AssetCheckSpec(
+        "not_empty_after_gpus",
+        asset="gpu_samples",
+        description="an hour is not empty when the hour before it had GPUs (exporter or Prometheus gone?)",
+    ),
+]
+
+
+def _window(hour: datetime, step: float, what: str) -> Window:
+    return Window(hour.timestamp(), (hour + timedelta(hours=1)).timestamp(), step, what)
+
+
+def _fail(e: Exception) -> dg.Failure:
+    return dg.Failure(description=str(e))
+
+
+@dg.asset(
+    partitions_def=HOURLY,
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=24),
+    group_name="gpu",
+    kinds={"prometheus", "parquet"},
+    check_specs=GPU_SAMPLES_CHECKS,
+    description="One row per GPU per scrape step (dcgm-exporter or foxhunt exporter), canonical units.",
+)
+def gpu_samples(context: dg.AssetExecutionContext, lake: LakeResource, prometheus: PrometheusResource):
+    settings, catalog, store, client = Settings.from_env(), load_catalog(), lake.lake(), prometheus.client()
+    tables: dict[str, pa.Table] = {}
+    for hour in hours_of(context.partition_time_window):
+        key = hour_key(hour)
+        try:
+            table = collect_gpu_samples(
+                client,
+                catalog,
+                _window(hour, settings.scrape_step_s, f"gpu_samples partition {key}"),
+                node_labels=settings.node_labels,
+                experiment_label=settings.experiment_label,
+            )
+            store.write_partition(GPU_SAMPLES, key, table)
+        except (PrometheusError, LakeError) as e:
+            raise _fail(e) from e
+        context.log.info(f"gpu_samples {key}: {table.num_rows} rows")
+        tables[key] = table
+    yield dg.MaterializeResult(metadata=_gpu_metadata(tables, store.root))
+    yield from _gpu_checks(tables, store)
+
+
+def _gpu_metadata(tables: dict[str, pa.Table], root: str) -> dict:
+    con = duckdb.connect(":memory:")
+    con.register("t", pa.concat_tables(tables.values()))
+    rows, t0, t1, gpus, nodes = con.execute(
+        "SELECT count(*), min(ts), max(ts), count(DISTINCT uuid), count(DISTINCT node) FROM t"
+    ).fetchone()
+    per_exp = con.execute(
+        """SELECT experiment, count(DISTINCT uuid) AS gpus, round(avg(util), 3) AS mean_util,
+                  round(sum(util * step_seconds) / 3600, 2) AS active_gpu_hours
+           FROM t GROUP BY experiment ORDER BY experiment"""
+    ).fetch_df()
+    preview = con.execute(
+        "SELECT ts, node, gpu, pod, experiment, util, mem_used_bytes, temp_celsius, power_watts FROM t LIMIT 8"
+    ).fetch_df()
+    con.close()
+    return {
+        "dagster/row_count": dg.MetadataValue.int(rows),
+        "partitions": dg.MetadataValue.text(", ".join(tables)),
+        "time_range": dg.MetadataValue.text(f"{t0} .. {t1}" if rows else "empty"),
+        "gpus": dg.MetadataValue.int(gpus),
+        "nodes": dg.MetadataValue.int(nodes),
+        "experiments": dg.MetadataValue.md(per_exp.to_markdown(index=False) if rows else "none"),
+        "preview": dg.MetadataValue.md(preview.to_markdown(index=False) if rows else "empty"),
+        "lake": dg.MetadataValue.path(f"{root}/{GPU_SAMPLES.name}"),
+    }
+
+
+def _gpu_checks(tables: dict[str, pa.Table], store):
+    con = duckdb.connect(":memory:")
+    con.register("t", pa.concat_tables(tables.values()))
+    bad = con.execute(
+        """SELECT count(*) FILTER (WHERE util < 0 OR util > 1),
+                  count(*) FILTER (WHERE temp_celsius < -20 OR temp_celsius > 130) FROM t"""
+    ).fetchone()
+    dupes = con.execute(
+        "SELECT count(*) FROM (SELECT uuid, ts FROM t GROUP BY ALL HAVING count(*) > 1)"
+    ).fetchone()[0]
+    con.close()
+    yield dg.AssetCheckResult(
+        check_name="values_in_range",
+        passed=sum(bad) == 0,
+        metadata={"util_out_of_range": bad[0], "temperature_out_of_range": bad[1]},
+    )
+    yield dg.AssetCheckResult(
+        check_name="unique_uuid_ts", passed=dupes == 0, metadata={"duplicate_keys": dupes}
+    )
+    empty_after_gpus = []
+    for key, table in tables.items():
+        if table.num_rows:
+            continue
+        prev_key = hour_key(datetime.strptime(key, "%Y-%m-%dT%H") - timedelta(hours=1))
+        prev = tables.get(prev_key) or store.read_partition(GPU_SAMPLES, prev_key)
+        if prev is not None and prev.num_rows:
+            empty_after_gpus.append(key)
+    yield dg.AssetCheckResult(
+        check_name="not_empty_after_gpus",
+        passed=not empty_after_gpus,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"empty_hours_after_gpus": dg.MetadataValue.text(", ".join(empty_after_gpus) or "none")},
+    )
+
+
+@dg.asset(
+    partitions_def=HOURLY,
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=24),
+    deps=[gpu_samples],
+    group_name="gpu",
+    kinds={"prometheus", "parquet"},
+    description="One row per node per step: CPU busy, memory, network, instance type, GPUs reporting.",
+)
+def node_samples(context: dg.AssetExecutionContext, lake: LakeResource, prometheus: PrometheusResource):
+    settings, catalog, store, client = Settings.from_env(), load_catalog(), lake.lake(), prometheus.client()
+    total, nodes, down = 0, set(), 0
+    for hour in hours_of(context.partition_time_window):
+        key = hour_key(hour)
+        gpus = store.read_partition(GPU_SAMPLES, key)
+        if gpus is None:
+            raise dg.Failure(
+                f"node_samples partition {key}: gpu_samples {key} is not in the lake at {store.root}"
+            )
+        con = duckdb.connect(":memory:")
+        con.register("g", gpus)
+        counts = con.execute(
+            "SELECT ts, node, count(DISTINCT uuid) AS gpus_reporting FROM g GROUP BY ALL"
+        ).to_arrow_table()
+        con.close()
+        try:
+            table = collect_node_samples(
+                client,
+                catalog,
+                _window(hour, settings.scrape_step_s, f"node_samples partition {key}"),
+                node_labels=settings.node_labels,
+                gpu_counts=counts,
+            )
+            store.write_partition(NODE_SAMPLES, key, table)
+        except (PrometheusError, LakeError) as e:
+            raise _fail(e) from e
+        total += table.num_rows
+        nodes |= set(table.column("node").to_pylist())
+        down += table.num_rows - sum(table.column("gpu_node_up").to_pylist())
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": dg.MetadataValue.int(total),
+            "nodes": dg.MetadataValue.text(", ".join(sorted(nodes)) or "none"),
+            "rows_without_gpus": dg.MetadataValue.int(down),
+        }
+    )
+
+
+@dg.asset(
+    partitions_def=DAILY,
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=7),
+    deps=[dg.AssetDep(gpu_samples, partition_mapping=dg.TimeWindowPartitionMapping())],
+    group_name="gpu",
+    kinds={"duckdb", "parquet"},
+    description="Per GPU-hour: holder pod/experiment, mean and p95 util, active GPU-seconds, energy, errors.",
+)
+def gpu_hourly(context: dg.AssetExecutionContext, lake: LakeResource):
+    store = lake.lake()
+    out = {}
+    for day in days_of(context.partition_time_window):
+        key = day.strftime("%Y-%m-%d")
+        con = store.connect([GPU_SAMPLES])
+        try:
+            table = build_gpu_hourly(con, day)
+        finally:
+            con.close()
+        try:
+            store.write_partition(GPU_HOURLY, key, table)
+        except LakeError as e:
+            raise _fail(e) from e
+        out[key] = table
+    con = duckdb.connect(":memory:")
+    con.register("t", pa.concat_tables(out.values()))
+    rows, gpus, gpu_hours, active, kwh = con.execute(
+        """SELECT count(*), count(DISTINCT uuid), coalesce(sum(seconds_with_data), 0) / 3600,
+                  coalesce(sum(active_gpu_seconds), 0) / 3600, coalesce(sum(energy_kwh), 0) FROM t"""
+    ).fetchone()
+    per_exp = con.execute(
+        """SELECT experiment, round(sum(seconds_with_data) / 3600, 2) AS gpu_hours,
+                  round(sum(active_gpu_seconds) / 3600, 2) AS active_gpu_hours,
+                  round(sum(active_gpu_seconds) / nullif(sum(seconds_with_data), 0), 3) AS mean_util
+           FROM t GROUP BY experiment ORDER BY experiment"""
+    ).fetch_df()
+    con.close()
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": dg.MetadataValue.int(rows),
+            "gpus": dg.MetadataValue.int(gpus),
+            "gpu_hours": dg.MetadataValue.float(round(gpu_hours, 3)),
+            "active_gpu_hours": dg.MetadataValue.float(round(active, 3)),
+            "energy_kwh": dg.MetadataValue.float(round(kwh, 3)),
+            "by_experiment": dg.MetadataValue.md(per_exp.to_markdown(index=False) if rows else "empty"),
+        }
+    )

@@ -1,0 +1,110 @@
+"""The lake's tables: name, partition column and pyarrow schema of each.
+
+Names and columns are contracts (DESIGN §3): later assets, outside checks and Athena DDL rely on them.
+Columns may grow; a column never changes meaning or unit. All timestamps are UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+TS = pa.timestamp("ms", tz="UTC")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    partition: str  # Hive partition column: "hour" (YYYY-MM-DDTHH) or "day" (YYYY-MM-DD)
+    schema: pa.Schema
+    doc: str
+
+
+GPU_SAMPLES = TableSpec(
+    name="gpu_samples",
+    partition="hour",
+    doc="One row per GPU per scrape step; units converted once, on ingest, by the metric catalog.",
+    schema=pa.schema(
+        [
+            ("ts", TS),
+            ("node", pa.string()),
+            ("gpu", pa.int32()),
+            ("uuid", pa.string()),
+            ("model", pa.string()),
+            ("namespace", pa.string()),
+            ("pod", pa.string()),
+            ("container", pa.string()),
+            ("experiment", pa.string()),
+            ("util", pa.float64()),  # ratio 0-1
+            ("mem_used_bytes", pa.float64()),
+            ("mem_free_bytes", pa.float64()),
+            ("mem_total_bytes", pa.float64()),
+            ("temp_celsius", pa.float64()),
+            ("power_watts", pa.float64()),
+            ("sm_clock_hz", pa.float64()),
+            ("mem_clock_hz", pa.float64()),
+            ("energy_joules", pa.float64()),  # counter since driver load
+            ("ecc_sbe_total", pa.float64()),  # counter
+            ("ecc_dbe_total", pa.float64()),  # counter
+            ("xid_last", pa.float64()),  # dcgm's XID_ERRORS gauge: the last XID code seen
+            ("nvlink_bandwidth_total", pa.float64()),
+            ("gr_engine_active", pa.float64()),  # ratio 0-1, when profiling metrics are on
+            ("step_seconds", pa.float64()),  # the query step: each row stands for this many seconds
+        ]
+    ),
+)
+
+NODE_SAMPLES = TableSpec(
+    name="node_samples",
+    partition="hour",
+    doc="One row per node per scrape step (node_exporter, kube-state-metrics, GPU presence).",
+    schema=pa.schema(
+        [
+            ("ts", TS),
+            ("node", pa.string()),
+            ("instance_type", pa.string()),
+            ("cpu_busy", pa.float64()),  # ratio 0-1, mean over CPUs
+            ("mem_used_bytes", pa.float64()),  # MemTotal - MemAvailable
+            ("mem_total_bytes", pa.float64()),
+            ("net_tx_bytes_per_second", pa.float64()),
+            ("net_rx_bytes_per_second", pa.float64()),
+            ("gpus_reporting", pa.int32()),
+            ("gpu_node_up", pa.bool_()),
+            ("step_seconds", pa.float64()),
+        ]
+    ),
+)
+
+GPU_HOURLY = TableSpec(
+    name="gpu_hourly",
+    partition="day",
+    doc="One row per GPU-hour: who held it, how busy it was, energy and errors.",
+    schema=pa.schema(
+        [
+            ("hour", TS),
+            ("node", pa.string()),
+            ("gpu", pa.int32()),
+            ("uuid", pa.string()),
+            ("model", pa.string()),
+            ("namespace", pa.string()),
+            ("pod", pa.string()),  # the pod holding the GPU for most of the hour ('' = none)
+            ("experiment", pa.string()),
+            ("pods_seen", pa.int32()),
+            ("samples", pa.int64()),
+            ("seconds_with_data", pa.float64()),
+            ("util_mean", pa.float64()),
+            ("util_p95", pa.float64()),
+            ("active_gpu_seconds", pa.float64()),  # sum(util * step)
+            ("held_seconds", pa.float64()),  # seconds a pod held the GPU
+            ("energy_kwh", pa.float64()),
+            ("temp_max_celsius", pa.float64()),
+            ("power_mean_watts", pa.float64()),
+            ("mem_used_max_bytes", pa.float64()),
+            ("ecc_sbe_delta", pa.float64()),
+            ("ecc_dbe_delta", pa.float64()),
+        ]
+    ),
+)
+
+TABLES: dict[str, TableSpec] = {t.name: t for t in (GPU_SAMPLES, NODE_SAMPLES, GPU_HOURLY)}

@@ -1,0 +1,79 @@
+"""Every setting foxhunt_obs reads from the environment, with its default and meaning.
+
+Read when a run, sensor tick or command starts (`Settings.from_env()`), never at import time.
+The README's configuration table is checked against `SETTINGS` by a test, so a new variable must be
+documented to land.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: str
+    default: str
+    meaning: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("FOXHUNT_LAKE", ".foxhunt/lake", "Lake root: a local folder or s3://bucket/prefix"),
+    Setting("FOXHUNT_PROMETHEUS_URL", "http://127.0.0.1:19090", "Prometheus base URL"),
+    Setting("FOXHUNT_SCRAPE_STEP", "15", "Query step in seconds: one gpu_samples row per GPU per step"),
+    Setting("FOXHUNT_EXPERIMENT_LABEL", "experiment", "Pod (or namespace) label naming the experiment"),
+    Setting(
+        "FOXHUNT_NODE_LABELS",
+        "node,kubernetes_node,Hostname,hostname,instance",
+        "Labels tried in order for a series' node (instance loses its :port)",
+    ),
+    Setting("FOXHUNT_PARTITIONS_START", "2026-11-01", "First hourly/daily partition (read when definitions load)"),
+    Setting("FOXHUNT_PROMETHEUS_GZIP", "0", "1 = ask Prometheus for gzip (pays over a slow WAN link)"),
+    Setting("FOXHUNT_PROMETHEUS_TIMEOUT", "120", "Seconds before one Prometheus request gives up"),
+    Setting("FOXHUNT_PROMETHEUS_MAX_POINTS", "11000", "Most points per series in one query_range request"),
+    Setting("FOXHUNT_PROMETHEUS_BEARER_TOKEN", "", "Bearer token for Prometheus (never logged)"),
+)
+
+_DEFAULTS = {s.env: s.default for s in SETTINGS}
+
+
+def env(name: str) -> str:
+    """The variable's value, or its documented default."""
+    return os.environ.get(name) or _DEFAULTS[name]
+
+
+@dataclass(frozen=True)
+class Settings:
+    lake: str
+    prometheus_url: str
+    scrape_step_s: float
+    experiment_label: str
+    node_labels: tuple[str, ...]
+    prometheus_gzip: bool
+    prometheus_timeout_s: float
+    prometheus_max_points: int
+    prometheus_bearer_token: str
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        step = float(env("FOXHUNT_SCRAPE_STEP"))
+        if step <= 0:
+            raise ValueError(f"FOXHUNT_SCRAPE_STEP must be a positive number of seconds, got {step}")
+        return cls(
+            lake=env("FOXHUNT_LAKE"),
+            prometheus_url=env("FOXHUNT_PROMETHEUS_URL").rstrip("/"),
+            scrape_step_s=step,
+            experiment_label=env("FOXHUNT_EXPERIMENT_LABEL"),
+            node_labels=tuple(x.strip() for x in env("FOXHUNT_NODE_LABELS").split(",") if x.strip()),
+            prometheus_gzip=env("FOXHUNT_PROMETHEUS_GZIP") in ("1", "true", "yes"),
+            prometheus_timeout_s=float(env("FOXHUNT_PROMETHEUS_TIMEOUT")),
+            prometheus_max_points=int(env("FOXHUNT_PROMETHEUS_MAX_POINTS")),
+            prometheus_bearer_token=os.environ.get("FOXHUNT_PROMETHEUS_BEARER_TOKEN", ""),
+        )
+
+
+def partitions_start() -> datetime:
+    """Partition definitions are built when Dagster loads the code location, so this one is read then."""
+    return datetime.fromisoformat(env("FOXHUNT_PARTITIONS_START")).replace(tzinfo=timezone.utc)

@@ -1,0 +1,279 @@
+"""The lake: atomic, schema-checked partition writes and DuckDB reads, locally and on S3 (moto)."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from foxhunt_obs.lib import lake as lake_mod
+from foxhunt_obs.lib.lake import Lake, LakeError, SchemaMismatch, WriteResult
+from foxhunt_obs.lib.schemas import GPU_SAMPLES, TS, TableSpec
+
+SPEC = TableSpec(
+    name="things",
+    partition="hour",
+    doc="test table",
+    schema=pa.schema([("ts", TS), ("name", pa.string()), ("n", pa.int32()), ("v", pa.float64())]),
+)
+H1, H2, H3 = "2026-11-29T13", "2026-11-29T14", "2026-11-30T00"
+
+
+def _ts(hour: int) -> datetime:
+    return datetime(2026, 11, 29, hour, tzinfo=timezone.utc)
+
+
+def _table(rows: int, hour: int = 13, v: float = 1.0) -> pa.Table:
+    return pa.table(
+        {
+            "ts": pa.array([_ts(hour)] * rows, TS),
+            "name": [f"n{i}" for i in range(rows)],
+            "n": pa.array(range(rows), pa.int32()),
+            "v": [v * i for i in range(rows)],
+        }
+    )
+
+
+def _files(root) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+@pytest.fixture
+def lake(tmp_path) -> Lake:
+    return Lake(str(tmp_path / "lake"))
+
+
+def test_round_trip_and_layout(lake, tmp_path):
+    t = _table(5)
+    res = lake.write_partition(SPEC, H1, t)
+    assert isinstance(res, WriteResult) and res.rows == 5
+    assert res.path == str(tmp_path / "lake" / "things" / f"hour={H1}" / "part-0.parquet")
+    assert res.bytes == os.path.getsize(res.path)
+    assert pq.ParquetFile(res.path).metadata.row_group(0).column(0).compression == "ZSTD"
+    back = lake.read_partition(SPEC, H1)
+    assert back.schema.equals(SPEC.schema) and back.equals(t)
+    assert "hour" not in pq.read_schema(res.path).names  # the partition column lives in the path
+    assert lake.read_partition(SPEC, H2) is None
+
+
+def test_relative_root_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert Lake("rel/lake").root == str(tmp_path / "rel" / "lake")
+    assert Lake("s3://bucket/pre/fix/").root == "s3://bucket/pre/fix"
+
+
+def test_rewrite_replaces_completely(lake):
+    lake.write_partition(SPEC, H1, _table(10, v=1.0))
+    lake.write_partition(SPEC, H1, _table(3, v=7.0))
+    back = lake.read_partition(SPEC, H1)
+    assert back.num_rows == 3 and back.column("v").to_pylist() == [0.0, 7.0, 14.0]
+    assert lake.query("select count(*) as c from things", tables=[SPEC]).column("c").to_pylist() == [3]
+
+
+def test_zero_rows_is_a_fact(lake):
+    res = lake.write_partition(SPEC, H1, _table(0))
+    assert res.rows == 0 and os.path.exists(res.path)
+    back = lake.read_partition(SPEC, H1)
+    assert back is not None and back.num_rows == 0 and back.schema.equals(SPEC.schema)
+    assert lake.partitions(SPEC) == [H1]
+
+
+def test_columns_reordered_and_safely_cast(lake):
+    t = _table(2)
+    t = t.select(["v", "n", "name", "ts"]).set_column(1, "n", pa.array([1, 2], pa.int64()))
+    lake.write_partition(SPEC, H1, t)
+    back = lake.read_partition(SPEC, H1)
+    assert back.schema.equals(SPEC.schema) and back.column("n").to_pylist() == [1, 2]
+
+
+def test_partition_column_in_input_is_dropped_when_it_matches(lake):
+    lake.write_partition(SPEC, H1, _table(2).append_column("hour", pa.array([H1, H1])))
+    assert lake.read_partition(SPEC, H1).schema.equals(SPEC.schema)
+    with pytest.raises(SchemaMismatch, match="hour"):
+        lake.write_partition(SPEC, H2, _table(2).append_column("hour", pa.array([H1, H1])))
+
+
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        (_table(2).drop_columns(["v"]), "missing columns ['v']"),
+        (_table(2).append_column("zzz", pa.array([1, 2])), "extra columns ['zzz']"),
+        (_table(2).set_column(3, "v", pa.array(["a", "b"])), "column 'v'"),
+        (_table(2).set_column(2, "n", pa.array([1, 2**40], pa.int64())), "column 'n'"),
+        (_table(2).set_column(3, "v", pa.array([[1.0], [2.0]])), "column 'v'"),
+    ],
+    ids=["missing", "extra", "unparsable", "overflow", "list"],
+)
+def test_schema_mismatch_names_table_partition_column_and_writes_nothing(lake, bad, needle):
+    with pytest.raises(SchemaMismatch) as e:
+        lake.write_partition(SPEC, H1, bad)
+    msg = str(e.value)
+    assert needle in msg and "things" in msg and f"hour={H1}" in msg and lake.root in msg
+    assert lake.read_partition(SPEC, H1) is None and lake.partitions(SPEC) == []
+    assert not os.path.exists(os.path.join(lake.root, "things"))
+
+
+@pytest.mark.parametrize("value", ["", "a/b", "..", "a\\b"])
+def test_bad_partition_value(lake, value):
+    with pytest.raises(LakeError, match="invalid partition value"):
+        lake.write_partition(SPEC, value, _table(1))
+
+
+@pytest.mark.parametrize("target", ["write_table", "replace"])
+def test_failed_write_keeps_previous_version(lake, monkeypatch, target):
+    first = lake.write_partition(SPEC, H1, _table(4))
+    before = open(first.path, "rb").read()
+
+    def boom(*a, **k):
+        if target == "write_table":  # fail half-way: some bytes are already in the temp file
+            a[1].write(b"PAR1 partial garbage")
+        raise OSError("disk on fire")
+
+    if target == "write_table":
+        monkeypatch.setattr(lake_mod.pq, "write_table", boom)
+    else:
+        monkeypatch.setattr(lake_mod.os, "replace", boom)
+    with pytest.raises(LakeError, match="disk on fire") as e:
+        lake.write_partition(SPEC, H1, _table(9))
+    assert "things" in str(e.value) and H1 in str(e.value)
+    monkeypatch.undo()
+    assert open(first.path, "rb").read() == before
+    assert lake.read_partition(SPEC, H1).num_rows == 4
+    assert _files(lake.root) == [f"things/hour={H1}/part-0.parquet"]
+
+
+def test_idempotent_write(lake):
+    a = lake.write_partition(SPEC, H1, _table(50))
+    bytes_a = open(a.path, "rb").read()
+    b = lake.write_partition(SPEC, H1, _table(50))
+    assert open(b.path, "rb").read() == bytes_a and a == b
+
+
+def test_partitions_sorted_and_delete(lake):
+    for h in (H3, H1, H2):
+        lake.write_partition(SPEC, h, _table(1))
+    # a stray temp file and an unrelated folder are not partitions
+    open(os.path.join(lake.root, "things", f"hour={H1}", "part-0.parquet.tmp-x"), "wb").close()
+    os.makedirs(os.path.join(lake.root, "things", "junk"))
+    assert lake.partitions(SPEC) == [H1, H2, H3]
+    lake.delete_partition(SPEC, H2)
+    lake.delete_partition(SPEC, H2)  # no-op when absent
+    assert lake.partitions(SPEC) == [H1, H3] and lake.read_partition(SPEC, H2) is None
+    assert lake.partitions(GPU_SAMPLES) == []
+
+
+def test_duckdb_view_across_partitions(lake):
+    lake.write_partition(SPEC, H1, _table(2, hour=13))
+    lake.write_partition(SPEC, H2, _table(3, hour=14))
+    lake.write_partition(SPEC, H3, _table(0))
+    # a temp file left by a crashed writer is invisible to the glob
+    open(os.path.join(lake.root, "things", f"hour={H1}", "part-0.parquet.tmp-x"), "wb").write(b"junk")
+    out = lake.query("select hour, count(*) as c from things group by hour order by hour", tables=[SPEC])
+    assert out.to_pylist() == [{"hour": H1, "c": 2}, {"hour": H2, "c": 3}]
+    assert out.schema.field("hour").type == pa.string()  # VARCHAR, not auto-cast to a timestamp
+    out = lake.query("select max(v) as m from things where hour = ?", [H2], tables=[SPEC])
+    assert out.column("m").to_pylist() == [2.0]
+    con = lake.connect([SPEC])
+    try:
+        types = dict(con.execute("select column_name, column_type from (describe things)").fetchall())
+    finally:
+        con.close()
+    assert types["hour"] == "VARCHAR" and types["n"] == "INTEGER" and types["ts"].startswith("TIMESTAMP")
+
+
+def test_duckdb_session_is_utc(lake, monkeypatch):
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        lake.write_partition(SPEC, "2026-11-29T03", _table(1, hour=3))
+        out = lake.query("select ts, date_trunc('day', ts) as d from things", tables=[SPEC])
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert out.schema.field("ts").type.tz == "UTC"
+    assert out.to_pylist()[0] == {"ts": _ts(3), "d": datetime(2026, 11, 29, tzinfo=timezone.utc)}
+
+
+def test_empty_views_for_all_tables(lake):
+    con = lake.connect()
+    try:
+        cols = [r[0] for r in con.execute("describe gpu_samples").fetchall()]
+        assert cols == GPU_SAMPLES.schema.names + ["hour"]
+        assert con.execute("select count(*) from gpu_samples").fetchone() == (0,)
+        for name in ("node_samples", "gpu_hourly"):
+            assert con.execute(f"select count(*) from {name}").fetchone() == (0,)
+    finally:
+        con.close()
+
+
+def test_gpu_samples_round_trip(lake):
+    row = {f.name: None for f in GPU_SAMPLES.schema}
+    row.update(ts=_ts(13), node="n1", gpu=0, uuid="GPU-1", util=0.5, step_seconds=30.0)
+    t = pa.Table.from_pylist([row, {**row, "gpu": 1, "util": 1.0}], schema=GPU_SAMPLES.schema)
+    lake.write_partition(GPU_SAMPLES, H1, t)
+    assert lake.read_partition(GPU_SAMPLES, H1).equals(t)
+    out = lake.query("select hour, gpu, util from gpu_samples order by gpu")
+    assert out.to_pylist() == [{"hour": H1, "gpu": 0, "util": 0.5}, {"hour": H1, "gpu": 1, "util": 1.0}]
+
+
+@pytest.fixture
+def s3_lake(monkeypatch):
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        for k in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"):
+            monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        s3 = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
+        s3.create_bucket(Bucket="bucket")
+        yield Lake("s3://bucket/lake"), s3
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_s3_lake(s3_lake):
+    lake, s3 = s3_lake
+    assert lake.partitions(SPEC) == [] and lake.read_partition(SPEC, H1) is None
+    assert lake.query("select count(*) as c from things", tables=[SPEC]).column("c").to_pylist() == [0]
+
+    res = lake.write_partition(SPEC, H1, _table(10))
+    assert res.path == f"s3://bucket/lake/things/hour={H1}/part-0.parquet" and res.rows == 10
+    head = s3.head_object(Bucket="bucket", Key=f"lake/things/hour={H1}/part-0.parquet")
+    assert head["ContentLength"] == res.bytes
+    lake.write_partition(SPEC, H1, _table(3, v=7.0))  # replace
+    lake.write_partition(SPEC, H2, _table(2, hour=14))
+    lake.write_partition(SPEC, H3, _table(0))
+    assert lake.read_partition(SPEC, H1).column("v").to_pylist() == [0.0, 7.0, 14.0]
+    assert lake.read_partition(SPEC, H3).num_rows == 0
+    assert lake.partitions(SPEC) == [H1, H2, H3]
+
+    with pytest.raises(SchemaMismatch, match="bucket/lake"):
+        lake.write_partition(SPEC, H1, _table(2).drop_columns(["n"]))
+    assert lake.read_partition(SPEC, H1).num_rows == 3
+
+    out = lake.query(
+        "select hour, count(*) as c, sum(v) as s from things group by hour order by hour", tables=[SPEC]
+    )
+    assert out.to_pylist() == [{"hour": H1, "c": 3, "s": 21.0}, {"hour": H2, "c": 2, "s": 1.0}]
+    assert out.schema.field("hour").type == pa.string()
+
+    lake.delete_partition(SPEC, H2)
+    assert lake.partitions(SPEC) == [H1, H3]
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="bucket")["Contents"])
+    assert [k for k in keys if k.endswith(".parquet")] == [
+        f"lake/things/hour={H1}/part-0.parquet",
+        f"lake/things/hour={H3}/part-0.parquet",
+    ]
