@@ -1,0 +1,45 @@
+# The README's commands. Each installs what it needs on a fresh Debian/Ubuntu machine.
+SHELL := /bin/bash
+PY := .venv/bin/python
+STAMP := .venv/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export DAGSTER_HOME ?= $(CURDIR)/.foxhunt/dagster_home
+
+.PHONY: demo test ui bench lint install prometheus sandbox-down
+
+install: $(STAMP) prometheus
+
+$(STAMP):
+	@command -v python3 >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3 python3-venv; }
+	@[ -x .venv/bin/pip ] || python3 -m venv .venv || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && python3 -m venv .venv; }
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -e '.[dev]'
+	rm -f .venv/.installed-* && touch $@
+
+prometheus:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  echo "installing Prometheus (Debian package)"; \
+	  $(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y prometheus; \
+	fi
+
+demo: install
+	$(PY) -m foxhunt_obs.cli demo
+
+test: install
+	$(PY) -m pytest
+
+ui: install
+	$(PY) -m foxhunt_obs.cli sandbox up
+	mkdir -p $(DAGSTER_HOME) && touch $(DAGSTER_HOME)/dagster.yaml
+	eval "$$($(PY) -m foxhunt_obs.cli sandbox env)" && \
+	  trap '$(PY) -m foxhunt_obs.cli sandbox down' EXIT && \
+	  .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+sandbox-down:
+	$(PY) -m foxhunt_obs.cli sandbox down
+
+bench: install
+	$(PY) bench/prometheus_ingest.py
+
+lint: install
+	.venv/bin/ruff check .

@@ -1,0 +1,185 @@
+"""`foxhunt-obs`: the sandbox, job runs over partition ranges, summaries, and the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+STATE_DIR = Path(".foxhunt/sandbox")
+DEFAULT_PORT = 19090
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="foxhunt-obs", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    sb = sub.add_parser("sandbox", help="the local stack: a real Prometheus backfilled with a scenario")
+    sb.add_argument("action", choices=["up", "down", "status", "env"])
+    sb.add_argument("--scenario", default="default", help="scenario name or YAML path (default: default)")
+    sb.add_argument("--port", type=int, default=DEFAULT_PORT)
+    sb.add_argument("--state-dir", type=Path, default=STATE_DIR)
+
+    run = sub.add_parser("run", help="run a job over a partition range through Dagster (runs show in the UI)")
+    run.add_argument("job")
+    run.add_argument("--range", required=True, metavar="FIRST...LAST", help="partition keys, inclusive")
+
+    sm = sub.add_parser("summary", help="GPU-hours and mean utilization per experiment and node")
+    sm.add_argument("--start", required=True, help="UTC hour, e.g. 2026-11-22T00")
+    sm.add_argument("--end", required=True, help="UTC hour, exclusive")
+
+    demo = sub.add_parser(
+        "demo", help="sandbox up, ingest its last 24 hours through Dagster, print a summary"
+    )
+    demo.add_argument("--scenario", default="default")
+    demo.add_argument("--port", type=int, default=DEFAULT_PORT)
+    demo.add_argument("--state-dir", type=Path, default=STATE_DIR)
+    demo.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
+
+    args = p.parse_args(argv)
+    if args.cmd == "sandbox":
+        return _sandbox(args)
+    if args.cmd == "run":
+        first, _, last = args.range.partition("...")
+        return 0 if run_job(args.job, first, last or first) else 1
+    if args.cmd == "summary":
+        print(summary(_hour(args.start), _hour(args.end)))
+        return 0
+    return _demo(args)
+
+
+def _hour(s: str) -> datetime:
+    return datetime.strptime(s, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc)
+
+
+def _sandbox(args) -> int:
+    from foxhunt_obs.sandbox import prometheus as sandbox
+
+    if args.action == "up":
+        info = sandbox.up(args.scenario, args.state_dir, args.port)
+        print(
+            f"sandbox up: Prometheus {info['url']} (pid {info['pid']}), scenario {info['scenario']} "
+            f"{info['start']} .. {info['end']}"
+        )
+    elif args.action == "down":
+        sandbox.down(args.state_dir)
+        print("sandbox down")
+    elif args.action == "status":
+        info = sandbox.status(args.state_dir)
+        print(json.dumps(info, indent=2, default=str) if info else "sandbox not running")
+        return 0 if info else 1
+    else:  # env: for eval "$(foxhunt-obs sandbox env)"
+        info = sandbox.status(args.state_dir)
+        if not info:
+            print("sandbox not running", file=sys.stderr)
+            return 1
+        print(f"export FOXHUNT_PROMETHEUS_URL={info['url']}")
+    return 0
+
+
+def ensure_dagster_home() -> Path:
+    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".foxhunt/dagster_home").resolve())))
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").touch()
+    return home
+
+
+def run_job(job_name: str, first: str, last: str) -> bool:
+    """One Dagster run of `job_name` over partitions first..last, recorded in DAGSTER_HOME's instance."""
+    import dagster as dg
+
+    from foxhunt_obs.definitions import defs
+
+    ensure_dagster_home()
+    job = defs().resolve_job_def(job_name)
+    with dg.DagsterInstance.get() as instance:
+        result = job.execute_in_process(
+            instance=instance,
+            tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last},
+            raise_on_error=False,
+        )
+    status = "succeeded" if result.success else "FAILED"
+    print(f"{job_name} {first}...{last}: run {result.run_id} {status}")
+    if not result.success:
+        for event in result.all_events:
+            if event.is_failure and event.step_failure_data:
+                print(f"  {event.step_key}: {event.step_failure_data.error.message.strip()}", file=sys.stderr)
+    return result.success
+
+
+def summary(start: datetime, end: datetime) -> str:
+    """A plain-text summary of gpu_hourly for [start, end)."""
+    from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.schemas import GPU_HOURLY
+    from foxhunt_obs.lib.settings import env
+
+    lake = Lake(env("FOXHUNT_LAKE"))
+    con = lake.connect([GPU_HOURLY])
+    params = [start, end]
+    where = "WHERE hour >= ? AND hour < ?"
+    total = con.execute(
+        f"""SELECT count(DISTINCT uuid), sum(seconds_with_data) / 3600, sum(active_gpu_seconds) / 3600,
+                   sum(energy_kwh), sum(ecc_sbe_delta), sum(ecc_dbe_delta) FROM gpu_hourly {where}""",
+        params,
+    ).fetchone()
+    if not total[0]:
+        return f"no gpu_hourly rows for {start:%Y-%m-%dT%H} .. {end:%Y-%m-%dT%H} in {lake.root}"
+
+    def table(by: str) -> str:
+        rows = con.execute(
+            f"""SELECT {by}, count(DISTINCT uuid) AS gpus, round(sum(seconds_with_data) / 3600, 1) AS gpu_hours,
+                       round(sum(active_gpu_seconds) / 3600, 1) AS active_gpu_hours,
+                       round(100 * sum(active_gpu_seconds) / sum(seconds_with_data), 1) AS mean_util_pct
+                FROM gpu_hourly {where} GROUP BY {by} ORDER BY {by}""",
+            params,
+        ).fetch_df()
+        return rows.to_string(index=False)
+
+    out = [
+        f"GPU summary {start:%Y-%m-%d %H:00} .. {end:%Y-%m-%d %H:00} UTC (lake {lake.root})",
+        f"  GPUs {total[0]}, GPU-hours observed {total[1]:.1f}, active GPU-hours {total[2]:.1f} "
+        f"(mean util {100 * total[2] / total[1]:.1f} %), energy {total[3]:.1f} kWh, "
+        f"ECC SBE {total[4]:.0f}, DBE {total[5]:.0f}",
+        "",
+        "By experiment:",
+        table("experiment"),
+        "",
+        "By node:",
+        table("node"),
+    ]
+    con.close()
+    return "\n".join(out)
+
+
+def _demo(args) -> int:
+    from foxhunt_obs.sandbox import prometheus as sandbox
+
+    ensure_dagster_home()
+    info = sandbox.up(args.scenario, args.state_dir, args.port)
+    os.environ["FOXHUNT_PROMETHEUS_URL"] = info["url"]
+    print(f"sandbox: Prometheus {info['url']} with scenario {info['scenario']}")
+    try:
+        end = datetime.fromisoformat(str(info["end"])).astimezone(timezone.utc)
+        start = end - timedelta(hours=24)
+        last_hour = end - timedelta(hours=1)
+        ok = run_job("gpu_ingest_job", start.strftime("%Y-%m-%d-%H:%M"), last_hour.strftime("%Y-%m-%d-%H:%M"))
+        ok = ok and run_job("gpu_hourly_job", start.strftime("%Y-%m-%d"), last_hour.strftime("%Y-%m-%d"))
+        if not ok:
+            return 1
+        print()
+        print(summary(start, end))
+    finally:
+        if not args.keep:
+            sandbox.down(args.state_dir)
+    print(
+        f"\nRuns and materializations are in {os.environ['DAGSTER_HOME']}: `make ui` opens the Dagster UI "
+        "on http://127.0.0.1:3000 over the sandbox."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

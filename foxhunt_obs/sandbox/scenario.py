@@ -1,0 +1,361 @@
+"""Sandbox scenarios: a synthetic GPU cluster and the incidents injected into it (DESIGN §7).
+
+A scenario is data (``scenarios/<name>.yaml``); this module loads and validates it. ``truth.py`` turns it
+into exact samples and ``openmetrics.py`` writes those samples for Prometheus. Every time in a scenario is
+an offset from ``start`` that must sit on the scrape grid, so the ground truth is exactly what Prometheus
+returns, sample for sample.
+
+YAML layout (see scenarios/small.yaml for a commented example)::
+
+    name, start, hours, scrape_interval_s, seed
+    node_defaults: {instance_type, gpus, model, mem_mib, cpus, mem_gib}   # optional
+    nodes:        [{name, ...overrides}]  or  [name, ...]
+    experiments:  [{name, namespace}]
+    pods:         [{name, experiment, node, gpus: [idx], start_h, end_h,   # hours, or "H:MM[:SS]"
+                    util: {base, amplitude, period_h, noise}, container?}]
+    incidents:    [{kind: stall, pod, start_h, minutes}
+                   {kind: ecc_sbe | ecc_dbe, node, gpu, start_h, minutes, count}
+                   {kind: node_lost, node, start_h, minutes}]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Bump whenever the generator writes different samples for the same YAML: it is part of the cache key.
+GENERATOR_VERSION = "1"
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+INCIDENT_KINDS = ("stall", "ecc_sbe", "ecc_dbe", "node_lost")
+
+_NODE_DEFAULTS = {
+    "instance_type": "p4de.24xlarge",
+    "gpus": 8,
+    "model": "NVIDIA A100-SXM4-80GB",
+    "mem_mib": 81920,
+    "cpus": 4,  # node_exporter CPUs written; a real p4de has 96, 4 keeps the files small
+    "mem_gib": 1152,
+}
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot describe a consistent cluster."""
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    index: int  # position in the file: part of every random seed of this node
+    instance_type: str
+    gpus: int
+    model: str
+    mem_mib: int
+    cpus: int
+    mem_total_bytes: int
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    namespace: str
+
+
+@dataclass(frozen=True)
+class UtilProfile:
+    """util % = base + amplitude * sin(2π t / period_h) + noise * N(0, 1), clipped to 0..100."""
+
+    base: float
+    amplitude: float = 0.0
+    period_h: float = 0.0  # 0: no wave
+    noise: float = 0.0
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    experiment: str
+    namespace: str
+    node: str
+    gpus: tuple[int, ...]
+    start: datetime
+    end: datetime  # exclusive
+    start_s: int  # offsets from the scenario start, seconds
+    end_s: int
+    util: UtilProfile
+    container: str = "trainer"
+
+
+@dataclass(frozen=True)
+class Incident:
+    kind: str  # one of INCIDENT_KINDS
+    start: datetime
+    end: datetime  # exclusive
+    start_s: int
+    end_s: int
+    node: str
+    gpu: int | None = None  # ecc_*
+    pod: str | None = None  # stall
+    count: int = 0  # ecc_*: errors added over the window
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    start: datetime
+    hours: int
+    step_s: int
+    seed: int
+    nodes: tuple[Node, ...]
+    experiments: tuple[Experiment, ...]
+    pods: tuple[Pod, ...]
+    incidents: tuple[Incident, ...]
+    source: str = field(default="", repr=False, compare=False)  # the YAML text, for the fingerprint
+
+    @property
+    def end(self) -> datetime:
+        return self.start + timedelta(hours=self.hours)
+
+    @property
+    def steps(self) -> int:
+        """Scrapes per series over [start, end)."""
+        return self.hours * 3600 // self.step_s
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def experiment(self, name: str) -> Experiment:
+        return next(e for e in self.experiments if e.name == name)
+
+    def fingerprint(self) -> str:
+        """Cache key of everything generated from this scenario."""
+        return hashlib.sha256(f"{GENERATOR_VERSION}\n{self.source}".encode()).hexdigest()
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """Load ``scenarios/<name>.yaml`` for a bare name, else the YAML file at the given path."""
+    text = str(name_or_path)
+    is_name = "/" not in text and not text.endswith((".yaml", ".yml"))
+    path = SCENARIO_DIR / f"{text}.yaml" if is_name else Path(text)
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml")))
+        raise ScenarioError(f"scenario {text!r}: no file {path} (bundled scenarios: {known})")
+    return parse_scenario(path.read_text(), origin=str(path))
+
+
+def parse_scenario(source: str, origin: str = "<string>") -> Scenario:
+    try:
+        raw = yaml.safe_load(source)
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"scenario {origin}: not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"scenario {origin}: expected a mapping at the top level")
+    return _Parser(origin).parse(raw, source)
+
+
+class _Parser:
+    """Turns the raw YAML mapping into a Scenario; every error names the file and the item."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def fail(self, where: str, msg: str) -> ScenarioError:
+        return ScenarioError(f"scenario {self.origin}: {where}: {msg}")
+
+    def fields(self, d: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> dict:
+        if not isinstance(d, dict):
+            raise self.fail(where, f"expected a mapping, got {d!r}")
+        missing = required - d.keys()
+        unknown = d.keys() - required - optional
+        if missing:
+            raise self.fail(where, f"missing {', '.join(sorted(missing))}")
+        if unknown:
+            raise self.fail(where, f"unknown field(s) {', '.join(sorted(unknown))}")
+        return d
+
+    def offset(self, value: float | str, unit_s: int, where: str, what: str) -> int:
+        """Seconds for a value in hours/minutes (or an "H:MM[:SS]" string), which must be on the grid."""
+        if isinstance(value, str) and ":" in value:
+            try:
+                s = sum(float(x) * u for x, u in zip(value.split(":"), (3600, 60, 1)))
+            except ValueError:
+                raise self.fail(where, f"{what}={value!r} is not H:MM[:SS]") from None
+        else:
+            s = float(value) * unit_s
+        k = round(s / self.step)
+        if not math.isclose(k * self.step, s, abs_tol=1e-6):
+            raise self.fail(where, f"{what}={value} is not on the {self.step} s scrape grid")
+        return k * self.step
+
+    def parse(self, raw: dict, source: str) -> Scenario:
+        top = self.fields(
+            raw,
+            "top level",
+            {"name", "start", "hours", "scrape_interval_s", "seed", "nodes", "experiments", "pods"},
+            {"node_defaults", "incidents", "description"},
+        )
+        start = top["start"]
+        if isinstance(start, str):
+            start = datetime.fromisoformat(start.replace("Z", "+00:00"))
+        if not isinstance(start, datetime):
+            raise self.fail("start", f"expected an ISO timestamp, got {start!r}")
+        start = start.replace(tzinfo=timezone.utc) if start.tzinfo is None else start.astimezone(timezone.utc)
+        self.start, self.step, self.hours = start, int(top["scrape_interval_s"]), int(top["hours"])
+        if self.step <= 0 or 3600 % self.step:
+            raise self.fail("scrape_interval_s", f"{self.step} must divide an hour")
+        if self.hours <= 0 or top["hours"] != self.hours:
+            raise self.fail("hours", f"expected a positive whole number, got {top['hours']!r}")
+        if start.timestamp() % 3600:
+            raise self.fail("start", "must be on a whole hour (cpu/network rates change per hour)")
+
+        defaults = {**_NODE_DEFAULTS, **(top.get("node_defaults") or {})}
+        self.fields(defaults, "node_defaults", set(), set(_NODE_DEFAULTS))
+        nodes = tuple(self.node(i, n, defaults) for i, n in enumerate(top["nodes"]))
+        experiments = tuple(self.experiment(e) for e in top["experiments"])
+        self.unique(nodes, "node")
+        self.unique(experiments, "experiment")
+        self.nodes = {n.name: n for n in nodes}
+        self.experiments = {e.name: e for e in experiments}
+        pods = tuple(self.pod(p) for p in top["pods"])
+        self.unique(pods, "pod")
+        self.check_overlaps(pods)
+        self.pods = {p.name: p for p in pods}
+        incidents = tuple(self.incident(i, d) for i, d in enumerate(top.get("incidents") or []))
+        self.check_outages(pods, incidents)
+        return Scenario(
+            name=str(top["name"]),
+            start=start,
+            hours=self.hours,
+            step_s=self.step,
+            seed=int(top["seed"]),
+            nodes=nodes,
+            experiments=experiments,
+            pods=pods,
+            incidents=incidents,
+            source=source,
+        )
+
+    def unique(self, items, kind: str) -> None:
+        seen = set()
+        for it in items:
+            if it.name in seen:
+                raise self.fail(f"{kind} {it.name!r}", "defined twice")
+            seen.add(it.name)
+
+    def known(self, table: dict, name: Any, kind: str, where: str):
+        if name not in table:
+            raise self.fail(where, f"unknown {kind} {name!r} (known: {', '.join(table)})")
+        return table[name]
+
+    def node(self, i: int, d: Any, defaults: dict) -> Node:
+        d = {"name": d} if isinstance(d, str) else d
+        d = self.fields(d, f"nodes[{i}]", {"name"}, set(_NODE_DEFAULTS))
+        v = {**defaults, **d}
+        return Node(
+            name=v["name"],
+            index=i,
+            instance_type=v["instance_type"],
+            gpus=int(v["gpus"]),
+            model=v["model"],
+            mem_mib=int(v["mem_mib"]),
+            cpus=int(v["cpus"]),
+            mem_total_bytes=int(v["mem_gib"]) << 30,
+        )
+
+    def experiment(self, d: Any) -> Experiment:
+        d = self.fields(d, f"experiment {d!r}", {"name", "namespace"})
+        return Experiment(str(d["name"]), str(d["namespace"]))
+
+    def window(self, d: dict, where: str, end_key: str) -> tuple[int, int]:
+        """(start_s, end_s) from start_h plus end_h (pods) or minutes (incidents), inside the scenario."""
+        s = self.offset(d["start_h"], 3600, where, "start_h")
+        if end_key == "end_h":
+            e = self.offset(d["end_h"], 3600, where, "end_h")
+        else:
+            e = s + self.offset(d["minutes"], 60, where, "minutes")
+        if not 0 <= s < e <= self.hours * 3600:
+            raise self.fail(where, f"window {s / 3600:g}h..{e / 3600:g}h is empty or outside 0..{self.hours}h")
+        return s, e
+
+    def at(self, offset_s: int) -> datetime:
+        return self.start + timedelta(seconds=offset_s)
+
+    def pod(self, d: Any) -> Pod:
+        where = f"pod {d.get('name') if isinstance(d, dict) else d!r}"
+        d = self.fields(
+            d, where, {"name", "experiment", "node", "gpus", "start_h", "end_h", "util"}, {"container"}
+        )
+        exp = self.known(self.experiments, d["experiment"], "experiment", where)
+        node = self.known(self.nodes, d["node"], "node", where)
+        gpus = tuple(int(g) for g in d["gpus"])
+        for g in gpus:
+            if not 0 <= g < node.gpus:
+                raise self.fail(where, f"GPU index {g} out of range (node {node.name} has {node.gpus} GPUs)")
+        if not gpus or len(set(gpus)) != len(gpus):
+            raise self.fail(where, f"gpus must be a non-empty list of distinct indexes, got {list(gpus)}")
+        u = self.fields(d["util"], f"{where}: util", {"base"}, {"amplitude", "period_h", "noise"})
+        s, e = self.window(d, where, "end_h")
+        return Pod(
+            name=d["name"],
+            experiment=exp.name,
+            namespace=exp.namespace,
+            node=node.name,
+            gpus=gpus,
+            start=self.at(s),
+            end=self.at(e),
+            start_s=s,
+            end_s=e,
+            util=UtilProfile(**{k: float(v) for k, v in u.items()}),
+            container=d.get("container", "trainer"),
+        )
+
+    def check_overlaps(self, pods: tuple[Pod, ...]) -> None:
+        held: dict[tuple[str, int], list[Pod]] = {}
+        for p in pods:
+            for g in p.gpus:
+                for q in held.setdefault((p.node, g), []):
+                    if p.start_s < q.end_s and q.start_s < p.end_s:
+                        raise self.fail(f"pod {p.name!r}", f"overlaps pod {q.name!r} on {p.node} GPU {g}")
+                held[(p.node, g)].append(p)
+
+    def incident(self, i: int, d: Any) -> Incident:
+        kind = d.get("kind") if isinstance(d, dict) else None
+        where = f"incidents[{i}] ({kind})"
+        if kind not in INCIDENT_KINDS:
+            raise self.fail(where, f"kind must be one of {', '.join(INCIDENT_KINDS)}")
+        if kind == "stall":
+            d = self.fields(d, where, {"kind", "pod", "start_h", "minutes"})
+            pod = self.known(self.pods, d["pod"], "pod", where)
+            s, e = self.window(d, where, "minutes")
+            if not pod.start_s <= s < e <= pod.end_s:
+                raise self.fail(where, f"the stall must lie within pod {pod.name!r}'s lifetime")
+            return Incident(kind, self.at(s), self.at(e), s, e, node=pod.node, pod=pod.name)
+        if kind == "node_lost":
+            d = self.fields(d, where, {"kind", "node", "start_h", "minutes"})
+            node = self.known(self.nodes, d["node"], "node", where)
+            s, e = self.window(d, where, "minutes")
+            return Incident(kind, self.at(s), self.at(e), s, e, node=node.name)
+        d = self.fields(d, where, {"kind", "node", "gpu", "start_h", "minutes", "count"})
+        node = self.known(self.nodes, d["node"], "node", where)
+        if not 0 <= int(d["gpu"]) < node.gpus:
+            raise self.fail(where, f"GPU index {d['gpu']} out of range (node {node.name} has {node.gpus} GPUs)")
+        if int(d["count"]) < 1:
+            raise self.fail(where, "count must be at least 1")
+        s, e = self.window(d, where, "minutes")
+        return Incident(kind, self.at(s), self.at(e), s, e, node=node.name, gpu=int(d["gpu"]), count=int(d["count"]))
+
+    def check_outages(self, pods: tuple[Pod, ...], incidents: tuple[Incident, ...]) -> None:
+        # A lost node runs no pods and no ECC burst: what happens there could never be observed, and the
+        # truth would have to say what "held but unseen" means. Keeping outages empty keeps it exact.
+        for lost in (i for i in incidents if i.kind == "node_lost"):
+            for p in pods:
+                if p.node == lost.node and p.start_s < lost.end_s and lost.start_s < p.end_s:
+                    raise self.fail(f"pod {p.name!r}", f"runs on {lost.node} while that node is lost")
+            for i in incidents:
+                if i.kind.startswith("ecc") and i.node == lost.node and i.start_s < lost.end_s and lost.start_s < i.end_s:
+                    raise self.fail(f"{i.kind} on {i.node}", "falls inside the node's outage")

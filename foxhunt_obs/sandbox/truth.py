@@ -1,0 +1,302 @@
+"""Ground truth of a scenario: every sample the sandbox writes, computed exactly and deterministically.
+
+Each GPU and node draws from its own ``np.random.default_rng((seed, node index, gpu index))``, so adding a
+pod to one GPU does not change another's numbers. Values are rounded the way openmetrics.py writes them
+(integers for %, MiB, MHz, °C, counters; power to the milliwatt), so what Prometheus returns equals the
+truth exactly, not approximately.
+
+Per-GPU series, dcgm-exporter units (canonical lake units alongside, see lib/schemas.py):
+
+* util_pct 0..100 int (idle GPU 0..2, stalled pod exactly 0); util = util_pct / 100
+* fb_used_mib / fb_free_mib: ~56-70 GiB while a pod holds the GPU, 0..500 MiB idle
+* temp_c int, power_w = 60 + 3.3 × util ± noise (< 400 W, 3 decimals), sm/mem clocks in MHz
+* energy_mj: counter since driver load, a per-GPU offset + Σ power × step (exact integer mJ)
+* ecc_sbe / ecc_dbe: volatile counters, 0 at start, rising only inside ecc_* incidents
+* xid: dcgm's last-XID gauge, always 0
+* nvlink_total: a COUNTER (dcgm-exporter declares DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL a counter); it
+  rises by util_pct × 1e6 per scrape while a multi-GPU pod holds the GPU, else stays flat.
+
+A lost node's GPUs and node_exporter keep running in the truth (counters keep counting) but none of
+their samples appear in the tables or the OpenMetrics files.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import pandas as pd
+
+from foxhunt_obs.sandbox.scenario import Node, Scenario
+
+UNATTRIBUTED = "unattributed"
+MEM_CLOCK_MHZ = 1593  # A100 80GB HBM2e
+SM_CLOCK_BUSY_MHZ, SM_CLOCK_IDLE_MHZ = 1410, 210
+
+
+def gpu_uuid(scenario: Scenario, node: str, gpu: int) -> str:
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"{scenario.name}/{node}/{gpu}"))
+
+
+def pod_uid(scenario: Scenario, pod: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{scenario.name}/pod/{pod}"))
+
+
+def grid_seconds(scenario: Scenario) -> np.ndarray:
+    """Unix seconds of every scrape: start + k * step for k in range(steps), i.e. [start, end)."""
+    return int(scenario.start.timestamp()) + np.arange(scenario.steps, dtype=np.int64) * scenario.step_s
+
+
+def _steps(scenario: Scenario, start_s: int, end_s: int) -> slice:
+    return slice(start_s // scenario.step_s, end_s // scenario.step_s)
+
+
+def _pod(scenario: Scenario, name: str):
+    return next(p for p in scenario.pods if p.name == name)
+
+
+def observed(scenario: Scenario, node: str) -> np.ndarray:
+    """True at the scrapes where the node answers (False while it is lost)."""
+    up = np.ones(scenario.steps, dtype=bool)
+    for inc in scenario.incidents:
+        if inc.kind == "node_lost" and inc.node == node:
+            up[_steps(scenario, inc.start_s, inc.end_s)] = False
+    return up
+
+
+def gpu_track(scenario: Scenario, node: Node, gpu: int) -> dict[str, np.ndarray]:
+    """Every dcgm value of one GPU over the full grid (lost scrapes included), plus ``holder``: the index
+    in scenario.pods of the pod holding the GPU, -1 when none."""
+    n, step = scenario.steps, scenario.step_s
+    rng = np.random.default_rng((scenario.seed, node.index, gpu))
+    # All draws happen up front, in a fixed order, whatever the pods: the numbers depend only on the seed.
+    idle_util = rng.integers(0, 3, n)
+    noise = rng.standard_normal(n)
+    mem_level = rng.integers(57_000, 71_000, len(scenario.pods))  # MiB a pod keeps allocated, per pod
+    mem_jitter = rng.integers(-256, 257, n)
+    mem_idle = rng.integers(0, 501, n)
+    temp_noise = rng.normal(0.0, 0.8, n)
+    power_noise = rng.normal(0.0, 2.0, n)
+    energy0 = int(rng.integers(10**9, 10**11))
+    nvlink0 = int(rng.integers(0, 10**9))
+
+    holder = np.full(n, -1, dtype=np.int64)
+    util = idle_util.astype(float)
+    multi = np.zeros(n, dtype=bool)  # held by a multi-GPU pod: NVLink traffic
+    for i, p in enumerate(scenario.pods):
+        if p.node != node.name or gpu not in p.gpus:
+            continue
+        s = _steps(scenario, p.start_s, p.end_s)
+        holder[s] = i
+        multi[s] = len(p.gpus) > 1
+        t_h = np.arange(s.stop - s.start) * step / 3600
+        wave = p.util.amplitude * np.sin(2 * np.pi * t_h / p.util.period_h) if p.util.period_h else 0.0
+        util[s] = p.util.base + wave + p.util.noise * noise[s]
+    ecc = {"ecc_sbe": np.zeros(n, dtype=np.int64), "ecc_dbe": np.zeros(n, dtype=np.int64)}
+    for inc in scenario.incidents:
+        if inc.kind == "stall" and inc.node == node.name and gpu in _pod(scenario, inc.pod).gpus:
+            util[_steps(scenario, inc.start_s, inc.end_s)] = 0.0
+        elif inc.kind in ("ecc_sbe", "ecc_dbe") and inc.node == node.name and inc.gpu == gpu:
+            a, b = inc.start_s // step, inc.end_s // step
+            # `count` errors spread evenly over the window's scrapes (several per scrape if needed)
+            np.add.at(ecc[inc.kind], a + (np.arange(inc.count) * (b - a)) // inc.count, 1)
+
+    util_pct = np.clip(np.rint(util), 0, 100).astype(np.int64)
+    held = holder >= 0
+    fb_used = np.where(held, mem_level[holder] + mem_jitter, mem_idle).astype(np.int64)
+    power_mw = np.clip(np.rint((60 + 3.3 * util_pct + power_noise) * 1000), 50_000, 399_000).astype(np.int64)
+    return {
+        "holder": holder,
+        "util_pct": util_pct,
+        "fb_used_mib": fb_used,
+        "fb_free_mib": node.mem_mib - fb_used,
+        "temp_c": np.rint(32 + 0.38 * util_pct + temp_noise).astype(np.int64),
+        # mW / 1000 is the float nearest the 3-decimal value Prometheus parses from the text
+        "power_w": power_mw / 1000,
+        "sm_clock_mhz": np.where(util_pct >= 5, SM_CLOCK_BUSY_MHZ, SM_CLOCK_IDLE_MHZ).astype(np.int64),
+        "mem_clock_mhz": np.full(n, MEM_CLOCK_MHZ, dtype=np.int64),
+        "energy_mj": energy0 + np.cumsum(power_mw * step),  # mW × s = mJ, exact in int64
+        "ecc_sbe": np.cumsum(ecc["ecc_sbe"]),
+        "ecc_dbe": np.cumsum(ecc["ecc_dbe"]),
+        "xid": np.zeros(n, dtype=np.int64),
+        "nvlink_total": nvlink0 + np.cumsum(np.where(multi, util_pct * 1_000_000, 0)),
+    }
+
+
+def node_track(scenario: Scenario, node: Node) -> dict[str, np.ndarray]:
+    """node_exporter values over the full grid. cpu_busy, network rates and memory change once an hour,
+    so rate() over a window inside an hour recovers them; counters accumulate them exactly."""
+    n, step, per_hour = scenario.steps, scenario.step_s, 3600 // scenario.step_s
+    rng = np.random.default_rng((scenario.seed, node.index, 1_000_000))  # apart from every GPU's seed
+    held = np.zeros(n)
+    for p in scenario.pods:
+        if p.node == node.name:
+            held[_steps(scenario, p.start_s, p.end_s)] += len(p.gpus) / node.gpus
+    held_h = held.reshape(scenario.hours, per_hour).mean(axis=1)
+    hourly = lambda a: np.repeat(a, per_hour)  # noqa: E731
+    busy = hourly(np.rint((0.04 + 0.5 * held_h + rng.uniform(0, 0.06, scenario.hours)) * 100) / 100)
+    used_frac = 0.05 + 0.3 * held_h + rng.uniform(0, 0.03, scenario.hours)
+    mem_used = hourly((node.mem_total_bytes * used_frac).astype(np.int64) // 4096 * 4096)
+    tx = hourly((1e5 + 1.5e9 * held_h * rng.uniform(0.5, 1.0, scenario.hours)).astype(np.int64))
+    rx = hourly((1e5 + 2.0e9 * held_h * rng.uniform(0.5, 1.0, scenario.hours)).astype(np.int64))
+    track = {
+        "cpu_busy": busy,
+        "mem_total_bytes": np.full(n, node.mem_total_bytes, dtype=np.int64),
+        "mem_used_bytes": mem_used,
+        "net_tx_bytes_per_second": tx,
+        "net_rx_bytes_per_second": rx,
+        "net_tx_bytes_total": int(rng.integers(10**9, 10**11)) + np.cumsum(tx * step),
+        "net_rx_bytes_total": int(rng.integers(10**9, 10**11)) + np.cumsum(rx * step),
+    }
+    # Every CPU equally busy, 80 % of the busy time in user mode; counters start at a per-CPU uptime.
+    uptime = rng.uniform(1e5, 1e6, node.cpus).round()
+    for c in range(node.cpus):
+        track[f"cpu{c}_idle"] = uptime[c] + np.cumsum(step * (1 - busy))
+        track[f"cpu{c}_user"] = uptime[c] * 0.01 + np.cumsum(step * busy * 0.8)
+        track[f"cpu{c}_system"] = uptime[c] * 0.002 + np.cumsum(step * busy * 0.2)
+    return track
+
+
+GPU_COLUMNS = (
+    "util_pct fb_used_mib fb_free_mib temp_c power_w sm_clock_mhz mem_clock_mhz "
+    "energy_mj ecc_sbe ecc_dbe xid nvlink_total"
+).split()
+
+
+def gpu_samples(scenario: Scenario) -> pd.DataFrame:
+    """One row per GPU per scrape on [start, end), lost nodes' scrapes excluded, sorted by ts, node, gpu.
+
+    dcgm units (util_pct, fb_*_mib, temp_c, power_w, *_mhz, energy_mj, ecc_*, xid, nvlink_total) and the
+    lake's canonical units (util 0-1, mem_*_bytes, temp_celsius, power_watts, *_hz, energy_joules, ...).
+    """
+    ts = grid_seconds(scenario)
+    pods = scenario.pods
+    namespace = np.array([""] + [p.namespace for p in pods], dtype=object)
+    pod = np.array([""] + [p.name for p in pods], dtype=object)
+    container = np.array([""] + [p.container for p in pods], dtype=object)
+    experiment = np.array([UNATTRIBUTED] + [p.experiment for p in pods], dtype=object)
+    parts = []
+    for node in scenario.nodes:
+        up = observed(scenario, node.name)
+        for g in range(node.gpus):
+            t = gpu_track(scenario, node, g)
+            h = t["holder"][up] + 1
+            part = {
+                "ts": ts[up],
+                "node": node.name,
+                "gpu": g,
+                "uuid": gpu_uuid(scenario, node.name, g),
+                "model": node.model,
+                "namespace": namespace[h],
+                "pod": pod[h],
+                "container": container[h],
+                "experiment": experiment[h],
+                **{c: t[c][up] for c in GPU_COLUMNS},
+                "mem_total_bytes": float(node.mem_mib << 20),
+            }
+            parts.append(pd.DataFrame(part))
+    df = pd.concat(parts, ignore_index=True)
+    df["ts"] = pd.to_datetime(df["ts"], unit="s", utc=True).astype("datetime64[ns, UTC]")
+    df["util"] = df["util_pct"] / 100
+    df["mem_used_bytes"] = df["fb_used_mib"] * float(1 << 20)
+    df["mem_free_bytes"] = df["fb_free_mib"] * float(1 << 20)
+    df["temp_celsius"] = df["temp_c"].astype(float)
+    df["power_watts"] = df["power_w"]
+    df["sm_clock_hz"] = df["sm_clock_mhz"] * 1e6
+    df["mem_clock_hz"] = df["mem_clock_mhz"] * 1e6
+    df["energy_joules"] = df["energy_mj"] / 1000
+    df["ecc_sbe_total"] = df["ecc_sbe"].astype(float)
+    df["ecc_dbe_total"] = df["ecc_dbe"].astype(float)
+    df["xid_last"] = df["xid"].astype(float)
+    df["nvlink_bandwidth_total"] = df["nvlink_total"].astype(float)
+    return df.sort_values(["ts", "node", "gpu"], ignore_index=True)
+
+
+NODE_COLUMNS = ("cpu_busy", "mem_total_bytes", "mem_used_bytes", "net_tx_bytes_per_second", "net_rx_bytes_per_second")
+
+
+def node_samples(scenario: Scenario) -> pd.DataFrame:
+    """One row per node per scrape, lost scrapes excluded: ts, node, instance_type, cpu_busy (0-1, mean
+    over CPUs), mem_total_bytes, mem_used_bytes, net_tx/rx_bytes_per_second."""
+    ts = grid_seconds(scenario)
+    parts = []
+    for node in scenario.nodes:
+        up = observed(scenario, node.name)
+        t = node_track(scenario, node)
+        part = {"ts": ts[up], "node": node.name, "instance_type": node.instance_type}
+        parts.append(pd.DataFrame({**part, **{c: t[c][up] for c in NODE_COLUMNS}}))
+    df = pd.concat(parts, ignore_index=True)
+    df["ts"] = pd.to_datetime(df["ts"], unit="s", utc=True).astype("datetime64[ns, UTC]")
+    return df.sort_values(["ts", "node"], ignore_index=True)
+
+
+@dataclass(frozen=True)
+class IncidentWindow:
+    """An injected incident as the pipeline should find it. ``count``: stalled or missed scrapes per GPU
+    for stall / node_lost, errors added for ecc_sbe / ecc_dbe."""
+
+    kind: str
+    start: datetime
+    end: datetime  # exclusive
+    node: str
+    gpus: tuple[int, ...]
+    uuids: tuple[str, ...]
+    pod: str = ""  # the pod holding the GPU(s), "" when none
+    namespace: str = ""
+    experiment: str = ""
+    count: int = 0
+
+
+def _windows(scenario: Scenario, kinds: tuple[str, ...]) -> list[IncidentWindow]:
+    out = []
+    for inc in scenario.incidents:
+        if inc.kind not in kinds:
+            continue
+        node = scenario.node(inc.node)
+        if inc.kind == "node_lost":
+            gpus = tuple(range(node.gpus))
+        elif inc.kind == "stall":
+            gpus = _pod(scenario, inc.pod).gpus
+        else:
+            gpus = (inc.gpu,)
+        holder = next(
+            (p for p in scenario.pods
+             if p.node == inc.node and gpus[0] in p.gpus and p.start_s <= inc.start_s < p.end_s),
+            None,
+        )
+        steps = (inc.end_s - inc.start_s) // scenario.step_s
+        out.append(
+            IncidentWindow(
+                kind=inc.kind,
+                start=inc.start,
+                end=inc.end,
+                node=inc.node,
+                gpus=gpus,
+                uuids=tuple(gpu_uuid(scenario, inc.node, g) for g in gpus),
+                pod=holder.name if holder else "",
+                namespace=holder.namespace if holder else "",
+                experiment=holder.experiment if holder else "",
+                count=inc.count if inc.kind.startswith("ecc") else steps,
+            )
+        )
+    return sorted(out, key=lambda w: (w.start, w.node))
+
+
+def stalls(scenario: Scenario) -> list[IncidentWindow]:
+    return _windows(scenario, ("stall",))
+
+
+def ecc_bursts(scenario: Scenario) -> list[IncidentWindow]:
+    """Both kinds, ecc_sbe and ecc_dbe (see ``kind``)."""
+    return _windows(scenario, ("ecc_sbe", "ecc_dbe"))
+
+
+def lost_windows(scenario: Scenario) -> list[IncidentWindow]:
+    return _windows(scenario, ("node_lost",))
+
+
+def pod_labels(scenario: Scenario) -> list[tuple[str, str, str]]:
+    """(namespace, pod, experiment) of every pod, as kube_pod_labels tells them."""
+    return [(p.namespace, p.name, p.experiment) for p in scenario.pods]

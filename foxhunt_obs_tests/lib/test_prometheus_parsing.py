@@ -1,0 +1,76 @@
+import json
+import math
+
+import numpy as np
+import pytest
+
+from foxhunt_obs.lib.sources.prometheus import RangeResult, parse_matrix, split_windows
+
+
+def _body(result, result_type="matrix"):
+    # Prometheus writes compact JSON; so does json.dumps with these separators.
+    return json.dumps(
+        {"status": "success", "data": {"resultType": result_type, "result": result}}, separators=(",", ":")
+    ).encode()
+
+
+def test_parse_matches_json_loads_including_nan_and_inf():
+    result = [
+        {"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": "0", "UUID": "GPU-a"},
+         "values": [[1700000000, "87"], [1700000015, "NaN"], [1700000030.5, "+Inf"], [1700000045, "-Inf"]]},
+        {"metric": {"gpu": "1", "weird": 'a},"values":[[x'}, "values": [[1700000000, "1e-3"]]},
+    ]
+    r = parse_matrix(_body(result))
+    assert r.labels == [s["metric"] for s in result]
+    assert r.offsets.tolist() == [0, 4, 5]
+    assert r.ts.tolist() == [1700000000, 1700000015, 1700000030.5, 1700000045, 1700000000]
+    assert r.values[0] == 87 and math.isnan(r.values[1])
+    assert r.values[2] == math.inf and r.values[3] == -math.inf and r.values[4] == 0.001
+    assert r.series_of_point().tolist() == [0, 0, 0, 0, 1]
+
+
+def test_parse_empty_and_missing_labels():
+    assert parse_matrix(_body([])).labels == []
+    r = parse_matrix(_body([{"metric": {}, "values": [[1, "2"]]}]))
+    assert r.labels == [{}] and r.values.tolist() == [2.0]
+
+
+def test_parse_rejects_errors_and_vectors():
+    with pytest.raises(ValueError, match="not a successful"):
+        parse_matrix(b'{"status":"error","errorType":"bad_data","error":"parse error"}')
+    with pytest.raises(ValueError, match="not a matrix"):
+        parse_matrix(_body([{"metric": {}, "value": [1, "2"]}], "vector"))
+
+
+def test_concat_merges_chunks_of_the_same_series_in_time_order():
+    a = parse_matrix(_body([{"metric": {"g": "0"}, "values": [[0, "1"], [15, "2"]]},
+                            {"metric": {"g": "1"}, "values": [[0, "5"]]}]))
+    b = parse_matrix(_body([{"metric": {"g": "1"}, "values": [[30, "6"]]},
+                            {"metric": {"g": "0"}, "values": [[30, "3"]]}]))
+    r = RangeResult.concat([a, RangeResult.empty(), b])
+    assert r.labels == [{"g": "0"}, {"g": "1"}]
+    assert r.offsets.tolist() == [0, 3, 5]
+    assert r.ts.tolist() == [0, 15, 30, 0, 30] and r.values.tolist() == [1, 2, 3, 5, 6]
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "step", "max_points", "expected"),
+    [
+        (0, 3600, 15, 11000, [(0, 3585)]),  # half-open: the point at `end` belongs to the next window
+        (0, 3600, 15, 100, [(0, 1485), (1500, 2985), (3000, 3585)]),
+        (0, 3600, 15, 240, [(0, 3585)]),
+        (0, 3600, 15, 239, [(0, 3570), (3585, 3585)]),
+        (0, 10, 15, 5, [(0, 0)]),  # a range shorter than a step still has its first point
+        (100, 100, 15, 5, []),
+    ],
+)
+def test_split_windows(start, end, step, max_points, expected):
+    assert split_windows(start, end, step, max_points) == expected
+
+
+def test_split_windows_covers_the_grid_exactly_once():
+    start, end, step = 1_700_000_000, 1_700_000_000 + 86400 * 3, 15
+    grid = np.arange(start, end, step)
+    got = np.concatenate([np.arange(s, e + step, step) for s, e in split_windows(start, end, step, 11000)])
+    assert np.array_equal(got, grid)
+    assert all((e - s) / step + 1 <= 11000 for s, e in split_windows(start, end, step, 11000))
