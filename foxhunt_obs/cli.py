@@ -105,7 +105,7 @@ def run_job(job_name: str, first: str, last: str) -> bool:
     print(f"{job_name} {first}...{last}: run {result.run_id} {status}")
     if not result.success:
         for event in result.all_events:
-            if event.is_failure and event.step_failure_data:
+            if event.is_step_failure:
                 print(f"  {event.step_key}: {event.step_failure_data.error.message.strip()}", file=sys.stderr)
     return result.success
 

@@ -36,14 +36,20 @@ def test_definitions_match_snapshot():
     shape = _shape()
     if os.environ.get("UPDATE_SNAPSHOTS") == "1":
         SNAPSHOT.write_text(json.dumps(shape, indent=2, sort_keys=True) + "\n")
-    assert shape == json.loads(SNAPSHOT.read_text()), "definitions changed: rerun with UPDATE_SNAPSHOTS=1 and review"
+    assert shape == json.loads(SNAPSHOT.read_text()), (
+        "definitions changed: rerun with UPDATE_SNAPSHOTS=1 and review"
+    )
 
 
 def test_dagster_definitions_validate(tmp_path):
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
     out = subprocess.run(
         [Path(sys.executable).parent / "dagster", "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Validation successful for code location foxhunt_obs" in out.stdout + out.stderr
@@ -51,7 +57,6 @@ def test_dagster_definitions_validate(tmp_path):
 
 def test_workspace_location_is_the_dg_code_location_name():
     import tomllib
-
     import yaml
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -127,10 +127,16 @@ class Scenario:
         return self.hours * 3600 // self.step_s
 
     def node(self, name: str) -> Node:
-        return next(n for n in self.nodes if n.name == name)
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"scenario {self.name}: no node {name!r}")
 
     def experiment(self, name: str) -> Experiment:
-        return next(e for e in self.experiments if e.name == name)
+        for e in self.experiments:
+            if e.name == name:
+                return e
+        raise KeyError(f"scenario {self.name}: no experiment {name!r}")
 
     def fingerprint(self) -> str:
         """Cache key of everything generated from this scenario."""
@@ -279,7 +285,9 @@ class _Parser:
         else:
             e = s + self.offset(d["minutes"], 60, where, "minutes")
         if not 0 <= s < e <= self.hours * 3600:
-            raise self.fail(where, f"window {s / 3600:g}h..{e / 3600:g}h is empty or outside 0..{self.hours}h")
+            raise self.fail(
+                where, f"window {s / 3600:g}h..{e / 3600:g}h is empty or outside 0..{self.hours}h"
+            )
         return s, e
 
     def at(self, offset_s: int) -> datetime:
@@ -343,11 +351,15 @@ class _Parser:
         d = self.fields(d, where, {"kind", "node", "gpu", "start_h", "minutes", "count"})
         node = self.known(self.nodes, d["node"], "node", where)
         if not 0 <= int(d["gpu"]) < node.gpus:
-            raise self.fail(where, f"GPU index {d['gpu']} out of range (node {node.name} has {node.gpus} GPUs)")
+            raise self.fail(
+                where, f"GPU index {d['gpu']} out of range (node {node.name} has {node.gpus} GPUs)"
+            )
         if int(d["count"]) < 1:
             raise self.fail(where, "count must be at least 1")
         s, e = self.window(d, where, "minutes")
-        return Incident(kind, self.at(s), self.at(e), s, e, node=node.name, gpu=int(d["gpu"]), count=int(d["count"]))
+        return Incident(
+            kind, self.at(s), self.at(e), s, e, node=node.name, gpu=int(d["gpu"]), count=int(d["count"])
+        )
 
     def check_outages(self, pods: tuple[Pod, ...], incidents: tuple[Incident, ...]) -> None:
         # A lost node runs no pods and no ECC burst: what happens there could never be observed, and the
@@ -357,5 +369,10 @@ class _Parser:
                 if p.node == lost.node and p.start_s < lost.end_s and lost.start_s < p.end_s:
                     raise self.fail(f"pod {p.name!r}", f"runs on {lost.node} while that node is lost")
             for i in incidents:
-                if i.kind.startswith("ecc") and i.node == lost.node and i.start_s < lost.end_s and lost.start_s < i.end_s:
+                if (
+                    i.kind.startswith("ecc")
+                    and i.node == lost.node
+                    and i.start_s < lost.end_s
+                    and lost.start_s < i.end_s
+                ):
                     raise self.fail(f"{i.kind} on {i.node}", "falls inside the node's outage")

@@ -135,7 +135,10 @@ def node_track(scenario: Scenario, node: Node) -> dict[str, np.ndarray]:
         if p.node == node.name:
             held[_steps(scenario, p.start_s, p.end_s)] += len(p.gpus) / node.gpus
     held_h = held.reshape(scenario.hours, per_hour).mean(axis=1)
-    hourly = lambda a: np.repeat(a, per_hour)  # noqa: E731
+
+    def hourly(a: np.ndarray) -> np.ndarray:
+        return np.repeat(a, per_hour)
+
     busy = hourly(np.rint((0.04 + 0.5 * held_h + rng.uniform(0, 0.06, scenario.hours)) * 100) / 100)
     used_frac = 0.05 + 0.3 * held_h + rng.uniform(0, 0.03, scenario.hours)
     mem_used = hourly((node.mem_total_bytes * used_frac).astype(np.int64) // 4096 * 4096)
@@ -214,7 +217,13 @@ def gpu_samples(scenario: Scenario) -> pd.DataFrame:
     return df.sort_values(["ts", "node", "gpu"], ignore_index=True)
 
 
-NODE_COLUMNS = ("cpu_busy", "mem_total_bytes", "mem_used_bytes", "net_tx_bytes_per_second", "net_rx_bytes_per_second")
+NODE_COLUMNS = (
+    "cpu_busy",
+    "mem_total_bytes",
+    "mem_used_bytes",
+    "net_tx_bytes_per_second",
+    "net_rx_bytes_per_second",
+)
 
 
 def node_samples(scenario: Scenario) -> pd.DataFrame:
@@ -262,8 +271,11 @@ def _windows(scenario: Scenario, kinds: tuple[str, ...]) -> list[IncidentWindow]
         else:
             gpus = (inc.gpu,)
         holder = next(
-            (p for p in scenario.pods
-             if p.node == inc.node and gpus[0] in p.gpus and p.start_s <= inc.start_s < p.end_s),
+            (
+                p
+                for p in scenario.pods
+                if p.node == inc.node and gpus[0] in p.gpus and p.start_s <= inc.start_s < p.end_s
+            ),
             None,
         )
         steps = (inc.end_s - inc.start_s) // scenario.step_s

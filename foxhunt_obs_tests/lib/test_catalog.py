@@ -45,7 +45,9 @@ def test_catalog_columns_are_gpu_samples_columns():
 def test_a_rename_with_a_unit_change_is_a_data_change(tmp_path):
     """dcgm-exporter 4.9-style: a new name in a new unit is one more source line in the YAML."""
     text = (load_catalog.__globals__["DEFAULT_PATH"]).read_text()
-    extra = "      - {name: DCGM_FI_DEV_GPU_UTIL_RATIO, exporter: dcgm-exporter>=4.9, unit: ratio, scale: 1}\n"
+    extra = (
+        "      - {name: DCGM_FI_DEV_GPU_UTIL_RATIO, exporter: dcgm-exporter>=4.9, unit: ratio, scale: 1}\n"
+    )
     anchor = "      - {name: DCGM_FI_DEV_GPU_UTIL, exporter: dcgm-exporter, unit: percent, scale: 0.01}\n"
     path = tmp_path / "catalog.yaml"
     path.write_text(text.replace(anchor, anchor + extra))
@@ -56,14 +58,16 @@ def test_a_rename_with_a_unit_change_is_a_data_change(tmp_path):
 
 def test_bad_catalogs_are_refused_with_the_path(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         labels: {}
         gpu_query: x
         gpu_metrics:
           util: {unit: ratio, sources: [{name: "not a name", exporter: x, unit: x, scale: 1}]}
         node_metrics: {}
         kube: {}
-    """))
+    """)
+    )
     with pytest.raises(CatalogError, match="bad.yaml"):
         load_catalog(path)
 
@@ -90,7 +94,9 @@ def test_pod_labels_prefer_exported_ones():
     series = {"pod": "dcgm-exporter-x", "exported_pod": "trainer-0", "namespace": "gpu-operator"}
     assert first_label(series, lab["pod"]) == "trainer-0"
     assert first_label(series, lab["namespace"]) == "gpu-operator"
-    assert first_label({"UUID": "GPU-1"}, lab["uuid"]) == first_label({"uuid": "GPU-1"}, lab["uuid"]) == "GPU-1"
+    assert (
+        first_label({"UUID": "GPU-1"}, lab["uuid"]) == first_label({"uuid": "GPU-1"}, lab["uuid"]) == "GPU-1"
+    )
     assert first_label({}, lab["pod"]) == ""
 
 

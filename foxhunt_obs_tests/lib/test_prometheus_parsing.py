@@ -16,8 +16,10 @@ def _body(result, result_type="matrix"):
 
 def test_parse_matches_json_loads_including_nan_and_inf():
     result = [
-        {"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": "0", "UUID": "GPU-a"},
-         "values": [[1700000000, "87"], [1700000015, "NaN"], [1700000030.5, "+Inf"], [1700000045, "-Inf"]]},
+        {
+            "metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": "0", "UUID": "GPU-a"},
+            "values": [[1700000000, "87"], [1700000015, "NaN"], [1700000030.5, "+Inf"], [1700000045, "-Inf"]],
+        },
         {"metric": {"gpu": "1", "weird": 'a},"values":[[x'}, "values": [[1700000000, "1e-3"]]},
     ]
     r = parse_matrix(_body(result))
@@ -43,10 +45,17 @@ def test_parse_rejects_errors_and_vectors():
 
 
 def test_concat_merges_chunks_of_the_same_series_in_time_order():
-    a = parse_matrix(_body([{"metric": {"g": "0"}, "values": [[0, "1"], [15, "2"]]},
-                            {"metric": {"g": "1"}, "values": [[0, "5"]]}]))
-    b = parse_matrix(_body([{"metric": {"g": "1"}, "values": [[30, "6"]]},
-                            {"metric": {"g": "0"}, "values": [[30, "3"]]}]))
+    a = parse_matrix(
+        _body(
+            [
+                {"metric": {"g": "0"}, "values": [[0, "1"], [15, "2"]]},
+                {"metric": {"g": "1"}, "values": [[0, "5"]]},
+            ]
+        )
+    )
+    b = parse_matrix(
+        _body([{"metric": {"g": "1"}, "values": [[30, "6"]]}, {"metric": {"g": "0"}, "values": [[30, "3"]]}])
+    )
     r = RangeResult.concat([a, RangeResult.empty(), b])
     assert r.labels == [{"g": "0"}, {"g": "1"}]
     assert r.offsets.tolist() == [0, 3, 5]

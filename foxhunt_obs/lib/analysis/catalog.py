@@ -44,6 +44,7 @@ class NodeMetric:
     column: str
     unit: str
     query: str  # PromQL template with {fresh} and {rate}
+    significant_digits: int | None = None  # round aggregates so re-runs are identical
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,12 @@ def _load(path: str) -> Catalog:
     try:
         gpu = tuple(_gpu_metric(col, spec) for col, spec in raw["gpu_metrics"].items())
         node = tuple(
-            NodeMetric(column=_ident(col), unit=spec["unit"], query=" ".join(spec["query"].split()))
+            NodeMetric(
+                column=_ident(col),
+                unit=spec["unit"],
+                query=" ".join(spec["query"].split()),
+                significant_digits=spec.get("significant_digits"),
+            )
             for col, spec in raw["node_metrics"].items()
         )
         labels = {k: tuple(v) for k, v in raw["labels"].items()}

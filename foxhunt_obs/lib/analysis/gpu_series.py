@@ -38,6 +38,13 @@ class Window:
         return f"{round(self.step * 4 * 1000)}ms"
 
 
+def fill(template: str, **values: str) -> str:
+    """Fill {name} placeholders; unlike str.format, PromQL's own braces ({mode="idle"}) stay as they are."""
+    for k, v in values.items():
+        template = template.replace("{" + k + "}", v)
+    return template
+
+
 def collect_gpu_samples(
     client: PrometheusClient,
     catalog: Catalog,
@@ -52,7 +59,7 @@ def collect_gpu_samples(
     parts: list[pa.Table] = []
     for metric in wanted:
         for priority, source in enumerate(metric.sources):
-            query = catalog.gpu_query.format(name=source.name, fresh=window.fresh)
+            query = fill(catalog.gpu_query, name=source.name, fresh=window.fresh)
             res = client.query_range(query, window.start, window.end, window.step, window.label)
             if res.labels:
                 parts.append(_gpu_long(res, catalog, node_labels, metric.column, priority, source.scale))
@@ -154,6 +161,14 @@ def pod_experiments(client: PrometheusClient, catalog: Catalog, window: Window, 
     )
 
 
+def round_significant(values: np.ndarray, digits: int) -> np.ndarray:
+    """values rounded to `digits` significant digits; NaN, ±Inf and 0 unchanged."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mag = np.floor(np.log10(np.abs(values)))
+    scale = 10.0 ** (digits - 1 - np.where(np.isfinite(mag), mag, 0))
+    return np.where(np.isfinite(values) & (values != 0), np.round(values * scale) / scale, values)
+
+
 def collect_node_samples(
     client: PrometheusClient,
     catalog: Catalog,
@@ -165,7 +180,7 @@ def collect_node_samples(
     """node_samples rows. gpu_counts: (ts, node, gpus_reporting) from the same window's gpu_samples."""
     parts = []
     for metric in catalog.node_metrics:
-        query = metric.query.format(fresh=window.fresh, rate=window.rate)
+        query = fill(metric.query, fresh=window.fresh, rate=window.rate)
         res = client.query_range(query, window.start, window.end, window.step, window.label)
         if not res.labels:
             continue
@@ -176,7 +191,11 @@ def collect_node_samples(
                     "ts_ms": pa.array(np.rint(res.ts * 1000).astype(np.int64)),
                     "node": nodes,
                     "metric": pa.array(np.full(res.n_points, metric.column, dtype=object), pa.string()),
-                    "value": pa.array(res.values),
+                    "value": pa.array(
+                        round_significant(res.values, metric.significant_digits)
+                        if metric.significant_digits
+                        else res.values
+                    ),
                 }
             )
         )

@@ -1,0 +1,178 @@
+"""Benchmark: one day x 128 GPU series at 15 s from a real Prometheus, three ways, in one run.
+
+  raw     the HTTP download alone (requests, same query and windows): the floor
+  client  prometheus-api-client custom_query_range + MetricRangeDataFrame: the obvious alternative
+  ours    foxhunt_obs's ingest: fast-path fetch, catalog, pivot, Parquet partition in the lake
+
+Each method runs in a fresh process (so peak RSS is its own), three times; the median counts.
+Writes bench/results/prometheus_ingest.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+QUERY = "last_over_time(DCGM_FI_DEV_GPU_UTIL[14999ms])"  # what the ingest asks for util, step 15 s
+STEP = 15.0
+NODES, GPUS, HOURS = 16, 8, 24
+START = datetime(2026, 11, 16, tzinfo=timezone.utc)
+
+SCENARIO = (
+    f"""
+name: bench-{NODES}x{GPUS}
+start: {START.strftime("%Y-%m-%dT%H:%M:%SZ")}
+hours: {HOURS}
+scrape_interval_s: {int(STEP)}
+seed: 7
+node_defaults: {{instance_type: p4de.24xlarge, gpus: {GPUS}, model: NVIDIA A100-SXM4-80GB, mem_mib: 81920}}
+nodes: [{", ".join(f"ip-10-0-2-{i}" for i in range(NODES))}]
+experiments: [{{name: bench, namespace: rl-train}}]
+pods:
+"""
+    + "".join(
+        f"""  - {{name: bench-{i}, experiment: bench, node: ip-10-0-2-{i}, gpus: {list(range(GPUS))}, start_h: 0,
+       end_h: {HOURS}, util: {{base: 70, amplitude: 20, period_h: 3, noise: 5}}}}
+"""
+        for i in range(NODES)
+    )
+    + "incidents: []\n"
+)
+
+
+def method(name: str, url: str) -> dict:
+    """Run one method in this process; return seconds, points and peak RSS."""
+    start, end = START.timestamp(), START.timestamp() + HOURS * 3600
+    t0 = time.perf_counter()
+    if name == "raw":
+        from foxhunt_obs.lib.sources.prometheus import PrometheusClient, split_windows
+
+        client = PrometheusClient(url)
+        size = sum(
+            len(client.fetch_range_body(QUERY, s, e, STEP)) for s, e in split_windows(start, end, STEP, 11000)
+        )
+        points = None
+        extra = {"bytes": size}
+    elif name == "client":
+        from prometheus_api_client import MetricRangeDataFrame, PrometheusConnect
+
+        api = PrometheusConnect(url=url)
+        data = api.custom_query_range(
+            QUERY,
+            start_time=datetime.fromtimestamp(start, timezone.utc),
+            end_time=datetime.fromtimestamp(end - STEP, timezone.utc),
+            step=f"{int(STEP)}",
+        )
+        df = MetricRangeDataFrame(data)
+        points, extra = len(df), {}
+    else:
+        from foxhunt_obs.lib.analysis.catalog import load_catalog
+        from foxhunt_obs.lib.analysis.gpu_series import Window, collect_gpu_samples
+        from foxhunt_obs.lib.lake import Lake
+        from foxhunt_obs.lib.schemas import GPU_SAMPLES
+        from foxhunt_obs.lib.sources.prometheus import PrometheusClient
+
+        with tempfile.TemporaryDirectory() as lake_dir:
+            table = collect_gpu_samples(
+                PrometheusClient(url),
+                load_catalog(),
+                Window(start, end, STEP, "bench"),
+                node_labels=("node", "Hostname", "instance"),
+                columns=["util"],
+            )
+            Lake(lake_dir).write_partition(GPU_SAMPLES, "bench", table)
+        points, extra = table.num_rows, {}
+    seconds = time.perf_counter() - t0
+    return {
+        "seconds": seconds,
+        "points": points,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **extra,
+    }
+
+
+def run_in_subprocess(name: str, url: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--method", name, "--url", url], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    from foxhunt_obs.sandbox.prometheus import PrometheusServer, build_tsdb, copy_tsdb
+    from foxhunt_obs.sandbox.scenario import parse_scenario
+
+    scenario = parse_scenario(SCENARIO, "bench")
+    cache = RESULTS / "tmp"
+    t0 = time.perf_counter()
+    tsdb = build_tsdb(scenario, cache, metrics={"DCGM_FI_DEV_GPU_UTIL"})
+    build_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as work:
+        copy_tsdb(tsdb, Path(work) / "tsdb")
+        with PrometheusServer(Path(work) / "tsdb", workdir=Path(work)) as prom:
+            run_in_subprocess("raw", prom.url)  # warm Prometheus's page cache and chunk cache once
+            runs = {m: [run_in_subprocess(m, prom.url) for _ in range(3)] for m in ("raw", "client", "ours")}
+    summary = {}
+    for m, rs in runs.items():
+        summary[m] = {
+            "seconds_median": statistics.median(r["seconds"] for r in rs),
+            "seconds_all": [round(r["seconds"], 4) for r in rs],
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+            "points": rs[0]["points"],
+        }
+    expected_points = NODES * GPUS * HOURS * 3600 / STEP
+    for m in ("client", "ours"):
+        assert summary[m]["points"] == expected_points, (m, summary[m]["points"], expected_points)
+    for m in summary:
+        summary[m]["points_per_second"] = expected_points / summary[m]["seconds_median"]
+    result = {
+        "benchmark": "prometheus_ingest",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+        "data": {
+            "series": NODES * GPUS,
+            "hours": HOURS,
+            "step_s": STEP,
+            "points": int(expected_points),
+            "query": QUERY,
+            "response_bytes": runs["raw"][0]["bytes"],
+            "tsdb_build_seconds": round(build_s, 1),
+        },
+        "methods": summary,
+        "ratios": {
+            "client_over_ours": summary["client"]["seconds_median"] / summary["ours"]["seconds_median"],
+            "ours_over_raw": summary["ours"]["seconds_median"] / summary["raw"]["seconds_median"],
+        },
+        "targets": {"client_over_ours": ">= 3", "ours_over_raw": "<= 2"},
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "prometheus_ingest.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{'method':8} {'seconds':>8} {'points/s':>12} {'peak RSS MB':>12}")
+    for m, s in summary.items():
+        print(f"{m:8} {s['seconds_median']:8.3f} {s['points_per_second']:12,.0f} {s['peak_rss_mb']:12.0f}")
+    r = result["ratios"]
+    print(
+        f"client / ours = {r['client_over_ours']:.1f}x (target >= 3), ours / raw = {r['ours_over_raw']:.2f}x (target <= 2)"
+    )
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--method", choices=["raw", "client", "ours"])
+    p.add_argument("--url")
+    a = p.parse_args()
+    if a.method:
+        print(json.dumps(method(a.method, a.url)))
+    else:
+        main()

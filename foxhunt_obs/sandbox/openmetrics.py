@@ -1,0 +1,219 @@
+"""Write a scenario's truth as OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
+
+What a real cluster's Prometheus would hold, scrape by scrape:
+
+* dcgm-exporter, pre-4.9 field names and units, labelled as dcgm-exporter does (``gpu``, ``UUID``,
+  ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``) plus the scrape's
+  ``job``/``instance``; ``namespace``/``pod``/``container`` only while a pod holds the GPU, so a GPU's
+  series changes identity when its pod changes, as it does in production.
+* node_exporter (cpu, memory, network) with ``instance="<node>:9100"``.
+* kube-state-metrics ``kube_pod_labels`` (while the pod exists) and ``kube_node_labels``.
+* ``up`` for the dcgm-exporter and node-exporter targets: 0 while the node is lost, as Prometheus
+  records a failed scrape (the other series simply have no samples then).
+
+Every family is declared ``gauge``: OpenMetrics counters need a ``_total`` sample suffix that dcgm names
+lack, and PromQL does not look at types. One file per aligned 2-hour window, because promtool re-reads
+its whole input once per 2-hour block it cuts: one big file would cost quadratic time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from foxhunt_obs.sandbox import truth
+from foxhunt_obs.sandbox.scenario import Scenario
+
+BLOCK_S = 2 * 3600  # Prometheus TSDB block range; blocks are aligned to multiples of it since the epoch
+DRIVER_VERSION = "535.183.01"
+
+DCGM_METRICS = {  # dcgm-exporter name (pre-4.9) -> truth column, in the exporter's units
+    "DCGM_FI_DEV_GPU_UTIL": "util_pct",
+    "DCGM_FI_DEV_FB_USED": "fb_used_mib",
+    "DCGM_FI_DEV_FB_FREE": "fb_free_mib",
+    "DCGM_FI_DEV_GPU_TEMP": "temp_c",
+    "DCGM_FI_DEV_POWER_USAGE": "power_w",
+    "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
+    "DCGM_FI_DEV_MEM_CLOCK": "mem_clock_mhz",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "energy_mj",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "ecc_sbe",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe",
+    "DCGM_FI_DEV_XID_ERRORS": "xid",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "nvlink_total",
+}
+NODE_METRICS = (
+    "node_cpu_seconds_total",
+    "node_memory_MemTotal_bytes",
+    "node_memory_MemAvailable_bytes",
+    "node_network_transmit_bytes_total",
+    "node_network_receive_bytes_total",
+)
+KSM_METRICS = ("kube_pod_labels", "kube_node_labels")
+ALL_METRICS = (*DCGM_METRICS, "up", *NODE_METRICS, *KSM_METRICS)
+
+
+def _labels(**labels: str) -> str:
+    esc = (str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for v in labels.values())
+    return ",".join(f'{k}="{v}"' for k, v in zip(labels, esc))
+
+
+def _pci_bus_id(gpu: int) -> str:
+    # p4d/p4de place GPU pairs on buses 10, 20, 90, a0 (devices 1c/1d); a plausible id is enough here
+    return f"00000000:{(0x10, 0x20, 0x90, 0xA0)[gpu // 2 % 4] + gpu // 8:02X}:{0x1C + gpu % 2:02X}.0"
+
+
+class _Blocks:
+    """One open file per 2-hour window. Families are appended to every file in the same order, so each
+    family stays contiguous within a file; a series' samples go to each file in time order."""
+
+    def __init__(self, scenario: Scenario, out_dir: Path, stack: ExitStack):
+        self.ts = truth.grid_seconds(scenario)
+        first = int(self.ts[0]) // BLOCK_S * BLOCK_S
+        edges = np.arange(first, int(self.ts[-1]) + BLOCK_S + 1, BLOCK_S)
+        bounds = np.searchsorted(self.ts, edges)
+        self.windows = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        self.paths = [
+            out_dir
+            / f"{scenario.name}-{datetime.fromtimestamp(int(self.ts[w.start]), timezone.utc):%Y%m%dT%H%M}.om"
+            for w in self.windows
+        ]
+        self.files = [stack.enter_context(p.open("w", buffering=1 << 18)) for p in self.paths]
+        self.family = [""] * len(self.files)
+        self.samples = [0] * len(self.files)
+
+    def series(self, family: str, labels: str, values: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """Write one series: ``values`` over the whole grid, kept where ``mask`` is True."""
+        prefix = f"{family}{{{labels}}} "
+        for i, w in enumerate(self.windows):
+            v, t = values[w], self.ts[w]
+            if mask is not None:
+                keep = mask[w]
+                v, t = v[keep], t[keep]
+            if not len(t):
+                continue
+            if self.family[i] != family:
+                self.files[i].write(f"# TYPE {family} gauge\n")
+                self.family[i] = family
+            # Python ints print as ints and floats as their shortest round-trip repr: the exact value.
+            self.files[i].write("".join([f"{prefix}{a} {b}\n" for a, b in zip(v.tolist(), t.tolist())]))
+            self.samples[i] += len(t)
+
+
+def write_blocks(scenario: Scenario, out_dir: Path, metrics: set[str] | None = None) -> list[Path]:
+    """Write the scenario as OpenMetrics, one file per aligned 2-hour window; returns the files with
+    samples, in time order. ``metrics`` restricts the metric names written (default: ALL_METRICS)."""
+    wanted = set(ALL_METRICS) if metrics is None else set(metrics)
+    if unknown := wanted - set(ALL_METRICS):
+        raise ValueError(f"unknown metric(s) {sorted(unknown)}; known: {', '.join(ALL_METRICS)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        blocks = _Blocks(scenario, out_dir, stack)
+        get = _trackers(scenario, wanted)
+        for family in (m for m in ALL_METRICS if m in wanted):
+            for labels, values, mask in _series(scenario, family, get):
+                blocks.series(family, labels, values, mask)
+        for f in blocks.files:
+            f.write("# EOF\n")
+    for p, n in zip(blocks.paths, blocks.samples):
+        if not n:
+            p.unlink()  # promtool rejects a file without samples
+    return [p for p, n in zip(blocks.paths, blocks.samples) if n]
+
+
+def _trackers(scenario: Scenario, wanted: set[str]) -> dict[str, Callable]:
+    # Keep the per-GPU tracks only when several dcgm families reuse them: a benchmark cluster writing one
+    # family has thousands of GPUs, and recomputing a track is cheaper than holding them all.
+    cache: dict = {}
+
+    def memo(fn: Callable, keep: bool) -> Callable:
+        def get(node, *args):
+            key = (fn.__name__, node.name, *args)
+            if key in cache:
+                return cache[key]
+            value = fn(scenario, node, *args)
+            if keep:
+                cache[key] = value
+            return value
+
+        return get
+
+    return {
+        "gpu": memo(truth.gpu_track, len(wanted & set(DCGM_METRICS)) > 1),
+        "node": memo(truth.node_track, True),
+        "observed": memo(lambda sc, node: truth.observed(sc, node.name), True),
+    }
+
+
+def _series(
+    scenario: Scenario, family: str, get: dict[str, Callable]
+) -> Iterator[tuple[str, np.ndarray, np.ndarray | None]]:
+    """(labels, values over the grid, mask) of every series of one family."""
+    n = scenario.steps
+    ones = np.ones(n, dtype=np.int64)
+    if family in DCGM_METRICS:
+        for node in scenario.nodes:
+            up = get["observed"](node)
+            for g in range(node.gpus):
+                track = get["gpu"](node, g)
+                gpu = _labels(
+                    gpu=str(g),
+                    UUID=truth.gpu_uuid(scenario, node.name, g),
+                    pci_bus_id=_pci_bus_id(g),
+                    device=f"nvidia{g}",
+                    modelName=node.model,
+                    Hostname=node.name,
+                    DCGM_FI_DRIVER_VERSION=DRIVER_VERSION,
+                    job="dcgm-exporter",
+                    instance=f"{node.name}:9400",
+                )
+                holder = track["holder"]
+                for h in np.unique(holder[up]):
+                    labels = gpu
+                    if h >= 0:
+                        p = scenario.pods[h]
+                        labels += "," + _labels(container=p.container, namespace=p.namespace, pod=p.name)
+                    yield labels, track[DCGM_METRICS[family]], up & (holder == h)
+    elif family == "up":
+        for job, port in (("dcgm-exporter", 9400), ("node-exporter", 9100)):
+            for node in scenario.nodes:
+                yield (
+                    _labels(job=job, instance=f"{node.name}:{port}"),
+                    get["observed"](node).astype(np.int64),
+                    None,
+                )
+    elif family in NODE_METRICS:
+        for node in scenario.nodes:
+            up, t = get["observed"](node), get["node"](node)
+            scrape = {"job": "node-exporter", "instance": f"{node.name}:9100"}
+            if family == "node_cpu_seconds_total":
+                for c in range(node.cpus):
+                    for mode in ("idle", "system", "user"):
+                        yield _labels(cpu=str(c), mode=mode, **scrape), t[f"cpu{c}_{mode}"], up
+            elif family == "node_memory_MemTotal_bytes":
+                yield _labels(**scrape), t["mem_total_bytes"], up
+            elif family == "node_memory_MemAvailable_bytes":
+                yield _labels(**scrape), t["mem_total_bytes"] - t["mem_used_bytes"], up
+            else:
+                col = "net_tx_bytes_total" if "transmit" in family else "net_rx_bytes_total"
+                yield _labels(device="eth0", **scrape), t[col], up
+    else:  # kube-state-metrics runs off the GPU nodes: its series go on while a node is lost
+        ksm = {"job": "kube-state-metrics", "instance": "kube-state-metrics:8080"}
+        if family == "kube_pod_labels":
+            for p in scenario.pods:
+                alive = np.zeros(n, dtype=bool)
+                alive[p.start_s // scenario.step_s : p.end_s // scenario.step_s] = True
+                uid = truth.pod_uid(scenario, p.name)
+                yield (
+                    _labels(namespace=p.namespace, pod=p.name, uid=uid, label_experiment=p.experiment, **ksm),
+                    ones,
+                    alive,
+                )
+        else:
+            for node in scenario.nodes:
+                it = node.instance_type
+                yield _labels(node=node.name, label_node_kubernetes_io_instance_type=it, **ksm), ones, None

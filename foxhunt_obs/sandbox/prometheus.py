@@ -1,0 +1,292 @@
+"""A real Prometheus holding a scenario's history (DESIGN §7, §8).
+
+``build_tsdb`` backfills the scenario into TSDB blocks with promtool, once per scenario fingerprint;
+``PrometheusServer`` runs /usr/bin/prometheus on such a TSDB on 127.0.0.1; ``up``/``down``/``status``
+keep one detached server per state directory for the demo and the CLI.
+
+Prometheus writes into its storage directory (lock, WAL, compacted blocks), so servers run on a copy of
+the cached TSDB (``copy_tsdb``) and the cache stays pristine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from foxhunt_obs.sandbox.openmetrics import write_blocks
+from foxhunt_obs.sandbox.scenario import Scenario, load_scenario
+
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+COMPLETE = "COMPLETE"
+
+
+class SandboxError(RuntimeError):
+    pass
+
+
+def tsdb_path(scenario: Scenario, cache_root: Path, metrics: set[str] | None = None) -> Path:
+    only = "-" + "-".join(sorted(metrics)) if metrics else ""
+    return Path(cache_root) / f"{scenario.name}-{scenario.fingerprint()[:12]}{only}" / "tsdb"
+
+
+def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = None) -> Path:
+    """The scenario's TSDB under ``<cache_root>/<name>-<fingerprint[:12]>/tsdb``, built on first use.
+
+    Built in a temp dir beside it and renamed into place with its COMPLETE marker, so a crashed or
+    concurrent build never leaves a half-built TSDB that looks usable. ``metrics`` limits the metric
+    names written (the benchmark's big cluster needs only one).
+    """
+    final = tsdb_path(scenario, cache_root, metrics).parent
+    if (final / COMPLETE).exists():
+        return final / "tsdb"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        files = write_blocks(scenario, tmp / "openmetrics", metrics)
+
+        def backfill(f: Path) -> None:
+            r = subprocess.run(
+                [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(f), str(tmp / "tsdb")],
+                capture_output=True,
+                text=True,
+            )
+            if r.returncode:
+                raise SandboxError(
+                    f"promtool failed on {f.name} (exit {r.returncode}): {r.stderr.strip()[-2000:]}"
+                )
+            f.unlink()  # the text is ~30x the size of the block made from it
+
+        # promtool uses about one core; two at a time keeps a small machine responsive
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            list(pool.map(backfill, files))
+        shutil.rmtree(tmp / "openmetrics")
+        (tmp / COMPLETE).write_text(f"{scenario.name} {scenario.fingerprint()}\n")
+        if final.exists():  # an unfinished leftover (no COMPLETE): replace it
+            shutil.rmtree(final)
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not (final / COMPLETE).exists():  # not a concurrent builder that got there first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final / "tsdb"
+
+
+def copy_tsdb(src: Path, dst: Path) -> Path:
+    """Copy a TSDB for a server to write into; ``dst`` must not exist."""
+    shutil.copytree(src, dst)
+    return Path(dst)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ready(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"
+
+
+class PrometheusServer:
+    """/usr/bin/prometheus on ``tsdb_dir``, listening on 127.0.0.1 only, with no scrape jobs.
+
+    ``lookback_delta`` (e.g. "30s") sets ``--query.lookback-delta``. Backfilled history has no staleness
+    markers, so with the default 5m a series that ends (pod gone, node lost) keeps answering instant
+    and range queries for 5 more minutes; a live Prometheus would have marked it stale at once.
+    """
+
+    def __init__(
+        self, tsdb_dir: Path, port: int = 0, workdir: Path | None = None, lookback_delta: str | None = None
+    ):
+        self.tsdb_dir = Path(tsdb_dir)
+        self.port = port
+        self.workdir = Path(workdir) if workdir else None
+        self.lookback_delta = lookback_delta
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "prometheus.log"
+
+    def start(self, timeout: float = 30.0) -> PrometheusServer:
+        if self.process:
+            raise SandboxError("Prometheus already started")
+        self.workdir = self.workdir or Path(tempfile.mkdtemp(prefix="foxhunt-prometheus-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        config = self.workdir / "prometheus.yml"
+        config.write_text("global:\n  scrape_interval: 15s\n")
+        cmd = [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={self.tsdb_dir}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            # the default 15d would delete backfilled blocks older than that on startup
+            "--storage.tsdb.retention.time=100y",
+            "--web.enable-lifecycle",
+        ]
+        if self.lookback_delta:
+            cmd.append(f"--query.lookback-delta={self.lookback_delta}")
+        with self.log_path.open("ab") as log:
+            # own process group, so stop() can take the whole group down (DESIGN §8)
+            self.process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while not _ready(self.url, timeout=1.0):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                why = (
+                    f"exited with {self.process.returncode}"
+                    if self.process.poll() is not None
+                    else "not ready"
+                )
+                self.stop()
+                raise SandboxError(
+                    f"Prometheus on {self.url} {why} after start; log tail:\n{_tail(self.log_path)}"
+                )
+            time.sleep(0.1)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if not self.process:
+            return
+        _kill_group(self.process.pid, timeout, self.process)
+        self.process = None
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _kill_group(pgid: int, timeout: float, process: subprocess.Popen | None = None) -> None:
+    """SIGTERM the process group, SIGKILL it after ``timeout``; reap our child if it is one."""
+
+    def gone() -> bool:
+        if process is not None and process.poll() is None:
+            return False
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        return _zombie(pgid)  # a leader that exited but was not reaped by its (other) parent
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + timeout
+        while not gone() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if gone():
+            return
+    raise SandboxError(f"process group {pgid} survived SIGKILL")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _zombie(pid)
+
+
+# ---- one detached server per state directory (demo, CLI) ----
+
+# Servers started by up() in this process, so down() in the same process can reap them (no zombie, no
+# ResourceWarning); from another process down() finds the group by the recorded pid.
+_DETACHED: dict[int, subprocess.Popen] = {}
+
+
+def up(scenario_name: str, state_dir: Path, port: int, lookback_delta: str | None = None) -> dict:
+    """Build or reuse the scenario's TSDB under ``state_dir/cache``, run Prometheus on a fresh copy in
+    ``state_dir/run`` (detached: it outlives this process) and record it in ``state_dir/sandbox.json``.
+    A server already recorded there is stopped first."""
+    state_dir = Path(state_dir)
+    scenario = load_scenario(scenario_name)
+    tsdb = build_tsdb(scenario, state_dir / "cache")
+    down(state_dir)
+    run = state_dir / "run"
+    copy_tsdb(tsdb, run / "tsdb")
+    server = PrometheusServer(run / "tsdb", port=port, workdir=run, lookback_delta=lookback_delta).start()
+    _DETACHED[server.pid] = server.process
+    state = {
+        "pid": server.pid,
+        "url": server.url,
+        "scenario": scenario.name,
+        "fingerprint": scenario.fingerprint(),
+        "start": scenario.start.isoformat(),
+        "end": scenario.end.isoformat(),
+        "tsdb": str(run / "tsdb"),
+        "log": str(server.log_path),
+    }
+    (state_dir / "sandbox.json").write_text(json.dumps(state, indent=2) + "\n")
+    return state
+
+
+def _state(state_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(state_dir) / "sandbox.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def down(state_dir: Path) -> None:
+    """Stop the server recorded in ``state_dir/sandbox.json`` and remove its run dir; fine if none runs."""
+    state_dir = Path(state_dir)
+    state = _state(state_dir)
+    if state:
+        process = _DETACHED.pop(state["pid"], None)
+        if _alive(state["pid"]):
+            _kill_group(state["pid"], 10.0, process)
+    (state_dir / "sandbox.json").unlink(missing_ok=True)
+    shutil.rmtree(state_dir / "run", ignore_errors=True)
+
+
+def status(state_dir: Path) -> dict | None:
+    """The recorded state if its Prometheus is alive and ready, else None."""
+    state = _state(state_dir)
+    if state and _alive(state["pid"]) and _ready(state["url"]):
+        return state
+    return None

@@ -1,0 +1,261 @@
+"""GPU ingest end to end: the `small` scenario in a real Prometheus, real Dagster runs, the lake
+compared with the scenario's ground truth."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pandas as pd
+import pytest
+
+from foxhunt_obs.definitions import defs
+from foxhunt_obs.lib.lake import Lake
+from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES, NODE_SAMPLES
+from foxhunt_obs.sandbox import truth
+
+ROOT = Path(__file__).resolve().parents[2]
+DAY = "2026-11-16"
+GPU_CANONICAL = [
+    "util",
+    "mem_used_bytes",
+    "mem_free_bytes",
+    "mem_total_bytes",
+    "temp_celsius",
+    "power_watts",
+    "sm_clock_hz",
+    "mem_clock_hz",
+    "energy_joules",
+    "ecc_sbe_total",
+    "ecc_dbe_total",
+    "xid_last",
+    "nvlink_bandwidth_total",
+]
+
+
+def run(job: str, first: str, last: str, instance=None) -> dg.ExecuteInProcessResult:
+    return (
+        defs()
+        .resolve_job_def(job)
+        .execute_in_process(
+            instance=instance or dg.DagsterInstance.ephemeral(),
+            tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last},
+            raise_on_error=False,
+        )
+    )
+
+
+def hour(small, h: int) -> str:
+    return (small.start + timedelta(hours=h)).strftime("%Y-%m-%d-%H:%M")
+
+
+@pytest.fixture(scope="module")
+def lake_env(tmp_path_factory, prometheus):
+    lake_dir = tmp_path_factory.mktemp("lake")
+    saved = {k: os.environ.get(k) for k in ("FOXHUNT_LAKE", "FOXHUNT_PROMETHEUS_URL")}
+    os.environ.update(FOXHUNT_LAKE=str(lake_dir), FOXHUNT_PROMETHEUS_URL=prometheus.url)
+    yield Lake(str(lake_dir))
+    for k, v in saved.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def ingested(small, lake_env):
+    """All six hours through gpu_ingest_job (one run), then the day's gpu_hourly."""
+    result = run("gpu_ingest_job", hour(small, 0), hour(small, small.hours - 1))
+    assert result.success, _failure(result)
+    result = run("gpu_hourly_job", DAY, DAY)
+    assert result.success, _failure(result)
+    return lake_env
+
+
+def _failure(result) -> str:
+    return "\n".join(
+        e.step_failure_data.error.message for e in result.all_events if e.is_step_failure
+    )
+
+
+def _lake_df(lake: Lake, table: str, order: str) -> pd.DataFrame:
+    return lake.query(f"SELECT * FROM {table} ORDER BY {order}").to_pandas()
+
+
+def test_gpu_samples_equal_the_ground_truth(small, ingested):
+    expected = truth.gpu_samples(small)
+    got = _lake_df(ingested, "gpu_samples", "ts, node, gpu")
+    assert len(got) == len(expected)  # exact row count: every scrape, none of the lost node's
+    assert ingested.partitions(GPU_SAMPLES) == [f"{DAY}T{h:02d}" for h in range(small.hours)]
+    m = expected.merge(got, on=["ts", "uuid"], suffixes=("_t", ""), how="outer", indicator=True)
+    assert (m["_merge"] == "both").all()
+    for col in ("node", "gpu", "model", "namespace", "pod", "container", "experiment"):
+        assert (m[col] == m[f"{col}_t"]).all(), col
+    for col in GPU_CANONICAL:
+        np.testing.assert_allclose(m[col], m[f"{col}_t"], rtol=1e-9, atol=1e-9, err_msg=col)
+    assert (got["step_seconds"] == small.step_s).all()
+    # util means per experiment within 0.005
+    mean_t = expected.groupby("experiment")["util"].mean()
+    mean = got.groupby("experiment")["util"].mean()
+    assert set(mean.index) == set(mean_t.index) and "unattributed" in mean.index
+    assert (abs(mean - mean_t) < 0.005).all()
+
+
+def test_idle_gpus_have_no_pod_and_are_unattributed(ingested):
+    idle = ingested.query("SELECT DISTINCT experiment, namespace, container FROM gpu_samples WHERE pod = ''")
+    assert idle.to_pylist() == [{"experiment": "unattributed", "namespace": "", "container": ""}]
+
+
+def test_stall_has_zero_active_seconds(small, ingested):
+    (stall,) = truth.stalls(small)
+    rows = ingested.query(
+        "SELECT count(*) AS n, sum(util * step_seconds) AS active, min(pod) AS pod, max(pod) AS pod2 "
+        "FROM gpu_samples WHERE ts >= ? AND ts < ? AND list_contains(?, uuid)",
+        [stall.start, stall.end, list(stall.uuids)],
+    ).to_pylist()[0]
+    assert rows["n"] == stall.count * len(stall.uuids)
+    assert rows["active"] == 0
+    assert rows["pod"] == rows["pod2"] == stall.pod  # the pod still holds the GPUs
+
+
+def test_ecc_deltas_equal_the_injected_counts(small, ingested):
+    bursts = truth.ecc_bursts(small)
+    assert {b.kind for b in bursts} == {"ecc_sbe", "ecc_dbe"}
+    for b in bursts:
+        col = "ecc_sbe_delta" if b.kind == "ecc_sbe" else "ecc_dbe_delta"
+        got = ingested.query(f"SELECT sum({col}) AS d FROM gpu_hourly WHERE uuid = ?", [b.uuids[0]])
+        assert got.to_pylist()[0]["d"] == b.count, b
+        others = ingested.query(f"SELECT sum({col}) AS d FROM gpu_hourly WHERE uuid <> ?", [b.uuids[0]])
+        assert others.to_pylist()[0]["d"] == sum(
+            x.count for x in bursts if x.kind == b.kind and x.uuids != b.uuids
+        )
+
+
+def test_lost_node_has_no_rows_for_its_outage(small, ingested):
+    (lost,) = truth.lost_windows(small)
+    for table in ("gpu_samples", "node_samples"):
+        n = ingested.query(
+            f"SELECT count(*) AS n FROM {table} WHERE node = ? AND ts >= ? AND ts < ?",
+            [lost.node, lost.start, lost.end],
+        ).to_pylist()[0]["n"]
+        assert n == 0, table
+        around = ingested.query(
+            f"SELECT count(*) AS n FROM {table} WHERE node = ? AND (ts = ? OR ts = ?)",
+            [lost.node, lost.start - timedelta(seconds=small.step_s), lost.end],
+        ).to_pylist()[0]["n"]
+        assert around > 0, f"{table}: the node reports right before and after its outage"
+
+
+def test_node_samples(small, ingested):
+    expected = truth.node_samples(small)
+    got = _lake_df(ingested, "node_samples", "ts, node")
+    assert len(got) == len(expected)
+    m = expected.merge(got, on=["ts", "node"], suffixes=("_t", ""))
+    assert len(m) == len(expected)
+    assert (m["instance_type"] == m["instance_type_t"]).all()
+    np.testing.assert_array_equal(m["mem_used_bytes"], m["mem_used_bytes_t"])
+    np.testing.assert_array_equal(m["mem_total_bytes"], m["mem_total_bytes_t"])
+    # cpu_busy is 1 - rate(idle[4 steps]): the mean of the 4 steps ending at t, where all 5 samples exist.
+    grid = pd.date_range(small.start, small.end, freq=f"{small.step_s}s", inclusive="left")
+    busy = expected.pivot(index="ts", columns="node", values="cpu_busy").reindex(grid)
+    want = busy.rolling(4).mean().where(busy.notna().rolling(5).sum() == 5).stack().rename("want")
+    m = m.join(want, on=["ts", "node"])
+    full = m["want"].notna()
+    assert full.mean() > 0.9
+    np.testing.assert_allclose(m.loc[full, "cpu_busy"], m.loc[full, "want"], atol=1e-6)
+    gpus = {n.name: n.gpus for n in small.nodes}
+    assert (m["gpus_reporting"] == m["node"].map(gpus)).all() and m["gpu_node_up"].all()
+
+
+def test_gpu_hourly_rolls_up_the_samples(small, ingested):
+    hourly = _lake_df(ingested, "gpu_hourly", "hour, node, gpu")
+    expected = truth.gpu_samples(small)
+    expected["hour"] = expected["ts"].dt.floor("h")
+    g = expected.groupby(["hour", "uuid"]).agg(util_mean=("util", "mean"), n=("util", "size")).reset_index()
+    m = g.merge(hourly, on=["hour", "uuid"], suffixes=("_t", ""))
+    assert len(m) == len(g) == len(hourly)
+    assert (m["samples"] == m["n"]).all()
+    np.testing.assert_allclose(m["util_mean"], m["util_mean_t"], atol=1e-9)
+    np.testing.assert_allclose(m["active_gpu_seconds"], m["util_mean_t"] * m["n"] * small.step_s, rtol=1e-9)
+    assert ingested.partitions(GPU_HOURLY) == [DAY]
+
+
+def test_rematerializing_gives_identical_rows(small, ingested):
+    key = f"{DAY}T02"
+    before = ingested.read_partition(GPU_SAMPLES, key)
+    nodes_before = ingested.read_partition(NODE_SAMPLES, key)
+    result = run("gpu_ingest_job", hour(small, 2), hour(small, 2))
+    assert result.success, _failure(result)
+    assert ingested.read_partition(GPU_SAMPLES, key).equals(before)
+    assert ingested.read_partition(NODE_SAMPLES, key).equals(nodes_before)
+
+
+def test_prometheus_stopped_mid_run_fails_clearly_and_keeps_written_partitions(
+    small, own_prometheus, tmp_path, monkeypatch
+):
+    lake = Lake(str(tmp_path / "lake"))
+    monkeypatch.setenv("FOXHUNT_LAKE", lake.root)
+    monkeypatch.setenv("FOXHUNT_PROMETHEUS_URL", own_prometheus.url)
+    first, last = hour(small, 0), hour(small, 2)
+    assert run("gpu_ingest_job", first, last).success
+    keys = lake.partitions(GPU_SAMPLES)
+    files = {k: Path(lake.root, "gpu_samples", f"hour={k}", "part-0.parquet") for k in keys}
+    before = {k: f.read_bytes() for k, f in files.items()}
+    mtime0 = files[keys[0]].stat().st_mtime_ns
+
+    def stop_after_first_partition():  # Prometheus dies once the new run has rewritten its first hour
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and files[keys[0]].stat().st_mtime_ns == mtime0:
+            time.sleep(0.001)
+        own_prometheus.stop()
+
+    killer = threading.Thread(target=stop_after_first_partition)
+    killer.start()
+    result = run("gpu_ingest_job", first, last)
+    killer.join()
+    assert not result.success
+    message = _failure(result)
+    assert own_prometheus.url in message and "query_range" in message and "step 15s" in message
+    assert "gpu_samples partition 2026-11-16T0" in message
+    assert "cannot connect" in message
+    for k in keys:  # every partition still readable, and exactly as it was
+        assert files[k].read_bytes() == before[k], k
+    assert not list(Path(lake.root).rglob("*.tmp-*"))
+
+
+def test_dagster_cli_materializes_a_partition_with_only_the_documented_variables(small, prometheus, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FOXHUNT_", "DAGSTER_"))}
+    env.update(
+        FOXHUNT_LAKE=str(tmp_path / "lake"),
+        FOXHUNT_PROMETHEUS_URL=prometheus.url,
+        FOXHUNT_SCRAPE_STEP="15",
+        FOXHUNT_EXPERIMENT_LABEL="experiment",
+        DAGSTER_HOME=str(tmp_path),
+    )
+    out = subprocess.run(
+        [
+            Path(sys.executable).parent / "dagster",
+            "asset",
+            "materialize",
+            "-m",
+            "foxhunt_obs.definitions",
+            "--select",
+            "gpu_samples",
+            "--partition",
+            hour(small, 1),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    table = Lake(str(tmp_path / "lake")).read_partition(GPU_SAMPLES, f"{DAY}T01")
+    expected = truth.gpu_samples(small)
+    in_hour = expected[
+        (expected["ts"] >= pd.Timestamp(f"{DAY}T01:00Z")) & (expected["ts"] < pd.Timestamp(f"{DAY}T02:00Z"))
+    ]
+    assert table.num_rows == len(in_hour)

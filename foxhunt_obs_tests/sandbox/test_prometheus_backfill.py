@@ -1,0 +1,188 @@
+"""End to end on a real Prometheus: backfill the `small` scenario with promtool, query it, compare with
+the truth sample for sample."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.parse
+import urllib.request
+from datetime import datetime, timedelta, timezone
+
+import pandas as pd
+import pytest
+
+from foxhunt_obs.sandbox import prometheus, truth
+from foxhunt_obs.sandbox.prometheus import PrometheusServer, SandboxError, build_tsdb, copy_tsdb
+from foxhunt_obs.sandbox.scenario import load_scenario
+
+pytestmark = pytest.mark.skipif(
+    not (os.path.exists(prometheus.PROMETHEUS) and os.path.exists(prometheus.PROMTOOL)),
+    reason="needs /usr/bin/prometheus and /usr/bin/promtool",
+)
+
+T0 = datetime(2026, 11, 16, tzinfo=timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return load_scenario("small")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, small):
+    root = tmp_path_factory.mktemp("cache")
+    return root, build_tsdb(small, root)
+
+
+@pytest.fixture(scope="module")
+def server(cache, tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    srv = PrometheusServer(copy_tsdb(cache[1], run / "tsdb"), workdir=run)
+    with srv:
+        yield srv
+
+
+def api(url: str, path: str, **params) -> list[dict]:
+    with urllib.request.urlopen(f"{url}/api/v1/{path}?{urllib.parse.urlencode(params)}", timeout=10) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def instant(url: str, query: str, at: datetime) -> list[dict]:
+    return api(url, "query", query=query, time=at.timestamp())
+
+
+def test_cache_is_complete_and_reused(cache, small):
+    root, tsdb = cache
+    assert tsdb == root / f"small-{small.fingerprint()[:12]}" / "tsdb"
+    assert (tsdb.parent / prometheus.COMPLETE).exists() and len(
+        list(tsdb.iterdir())
+    ) == 3  # one block per 2 h
+    assert [p.name for p in root.iterdir()] == [tsdb.parent.name]  # no temp dir left behind
+    t = time.monotonic()
+    assert build_tsdb(small, root) == tsdb and time.monotonic() - t < 0.5
+
+
+def test_failed_promtool_raises_and_caches_nothing(small, tmp_path, monkeypatch):
+    def bad_blocks(scenario, out_dir, metrics=None):
+        out_dir.mkdir(parents=True)
+        (out_dir / "broken.om").write_text("this is not openmetrics\n")
+        return [out_dir / "broken.om"]
+
+    monkeypatch.setattr(prometheus, "write_blocks", bad_blocks)
+    with pytest.raises(SandboxError, match="promtool failed on broken.om"):
+        build_tsdb(small, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_count_follows_the_lost_node(server):
+    assert instant(server.url, "count(DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=1))[0]["value"][1] == "4"
+    # 04:00: ip-10-0-1-12 has been silent for an hour (lost 03:00-05:00)
+    (r,) = instant(server.url, "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=4))
+    assert r["metric"] == {"Hostname": "ip-10-0-1-11"} and r["value"][1] == "2"
+    up = instant(server.url, 'up{job="dcgm-exporter"}', T0 + timedelta(hours=4))
+    assert {r["metric"]["instance"]: r["value"][1] for r in up} == {
+        "ip-10-0-1-11:9400": "1",
+        "ip-10-0-1-12:9400": "0",
+    }
+
+
+@pytest.mark.parametrize(
+    "metric, column, node, gpu, hour",
+    [
+        ("DCGM_FI_DEV_GPU_UTIL", "util_pct", "ip-10-0-1-11", 0, 0),  # pod arrives at 00:30: labels change
+        ("DCGM_FI_DEV_GPU_UTIL", "util_pct", "ip-10-0-1-11", 1, 2),  # the stall 02:00-02:40
+        ("DCGM_FI_DEV_GPU_UTIL", "util_pct", "ip-10-0-1-12", 0, 2.5),  # pod ends 02:45, node lost 03:00
+        ("DCGM_FI_DEV_POWER_USAGE", "power_w", "ip-10-0-1-11", 0, 1),
+        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_mj", "ip-10-0-1-12", 1, 4.5),  # node back at 05:00
+        ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_sbe", "ip-10-0-1-11", 0, 1),
+    ],
+)
+def test_range_query_returns_the_truth(server, small, metric, column, node, gpu, hour):
+    gpus = truth.gpu_samples(small)
+    uuid = truth.gpu_uuid(small, node, gpu)
+    start = T0 + timedelta(hours=hour)
+    end = start + timedelta(hours=1)
+    want = gpus[(gpus["uuid"] == uuid) & gpus["ts"].between(start, end)]
+    result = api(
+        server.url,
+        "query_range",
+        query=f'{metric}{{UUID="{uuid}"}}',
+        start=start.timestamp(),
+        end=end.timestamp(),
+        step=15,
+    )
+    matched = 0
+    for series in result:
+        # A series is one holder of the GPU. Prometheus also repeats a series' last sample for up to
+        # 5 minutes after it ends (backfill has no staleness markers): the ts-and-holder join drops those.
+        mine = want[want["pod"] == series["metric"].get("pod", "")]
+        expected = dict(zip(mine["ts"].astype("int64") // 10**9, mine[column]))
+        for ts, value in series["values"]:
+            if ts in expected:
+                assert float(value) == expected[ts], (series["metric"], ts)
+                matched += 1
+    assert matched == len(want) > 0
+
+
+def test_cpu_rate_recovers_cpu_busy(server, small):
+    at = T0 + timedelta(hours=1, minutes=30)
+    got = instant(server.url, '1 - avg by (instance) (rate(node_cpu_seconds_total{mode="idle"}[1m]))', at)
+    nodes = truth.node_samples(small)
+    want = nodes[nodes["ts"] == pd.Timestamp(at)].set_index("node")["cpu_busy"]
+    assert {
+        r["metric"]["instance"].split(":")[0]: pytest.approx(float(r["value"][1]), abs=1e-9) for r in got
+    } == want.to_dict()
+
+
+def test_kube_labels(server, small):
+    at = T0 + timedelta(hours=5, minutes=30)
+    pods = instant(server.url, "kube_pod_labels", at)
+    assert {
+        (r["metric"]["namespace"], r["metric"]["pod"], r["metric"]["label_experiment"]) for r in pods
+    } == {t for t, p in zip(truth.pod_labels(small), small.pods) if p.start <= at < p.end}
+    nodes = instant(server.url, "kube_node_labels", at)
+    assert {r["metric"]["label_node_kubernetes_io_instance_type"] for r in nodes} == {"p4de.24xlarge"}
+
+
+def test_stop_takes_the_process_group_down(cache, tmp_path):
+    srv = PrometheusServer(copy_tsdb(cache[1], tmp_path / "tsdb"), workdir=tmp_path)
+    srv.start()
+    pgid, url = srv.pid, srv.url
+    assert os.getpgid(pgid) == pgid  # its own session and group
+    srv.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{url}/-/ready", timeout=2)
+
+
+def test_start_failure_shows_the_log(tmp_path):
+    bad = tmp_path / "tsdb"
+    bad.write_text("not a directory")
+    with pytest.raises(SandboxError, match="log tail"):
+        PrometheusServer(bad, workdir=tmp_path).start(timeout=10)
+
+
+def test_up_status_down(cache, tmp_path):
+    state = tmp_path / "state"
+    # seed the state dir's cache from the module's build so up() reuses it
+    shutil.copytree(cache[0], state / "cache")
+    info = prometheus.up("small", state, port=prometheus.free_port())
+    try:
+        assert json.loads((state / "sandbox.json").read_text()) == info
+        assert info["scenario"] == "small" and info["start"] == "2026-11-16T00:00:00+00:00"
+        assert prometheus.status(state) == info
+        assert (
+            instant(info["url"], "count(DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=1))[0]["value"][1] == "4"
+        )
+    finally:
+        prometheus.down(state)
+    assert prometheus.status(state) is None and not (state / "run").exists()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(info["pid"], 0)
+    prometheus.down(state)  # nothing running: no error
