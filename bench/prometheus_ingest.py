@@ -52,21 +52,24 @@ pods:
 
 
 def method(name: str, url: str) -> dict:
-    """Run one method in this process; return seconds, points and peak RSS."""
+    """Run one method in this process; return seconds, points and peak RSS. Imports are not timed."""
+    from prometheus_api_client import MetricRangeDataFrame, PrometheusConnect
+
+    from foxhunt_obs.lib.analysis.catalog import load_catalog
+    from foxhunt_obs.lib.analysis.gpu_series import Window, collect_gpu_samples
+    from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.schemas import GPU_SAMPLES
+    from foxhunt_obs.lib.sources.prometheus import PrometheusClient, split_windows
+
     start, end = START.timestamp(), START.timestamp() + HOURS * 3600
+    extra: dict = {}
     t0 = time.perf_counter()
     if name == "raw":
-        from foxhunt_obs.lib.sources.prometheus import PrometheusClient, split_windows
-
         client = PrometheusClient(url)
-        size = sum(
-            len(client.fetch_range_body(QUERY, s, e, STEP)) for s, e in split_windows(start, end, STEP, 11000)
-        )
+        windows = split_windows(start, end, STEP, 11000)
+        extra["bytes"] = sum(len(client.fetch_range_body(QUERY, s, e, STEP)) for s, e in windows)
         points = None
-        extra = {"bytes": size}
     elif name == "client":
-        from prometheus_api_client import MetricRangeDataFrame, PrometheusConnect
-
         api = PrometheusConnect(url=url)
         data = api.custom_query_range(
             QUERY,
@@ -74,15 +77,8 @@ def method(name: str, url: str) -> dict:
             end_time=datetime.fromtimestamp(end - STEP, timezone.utc),
             step=f"{int(STEP)}",
         )
-        df = MetricRangeDataFrame(data)
-        points, extra = len(df), {}
+        points = len(MetricRangeDataFrame(data))
     else:
-        from foxhunt_obs.lib.analysis.catalog import load_catalog
-        from foxhunt_obs.lib.analysis.gpu_series import Window, collect_gpu_samples
-        from foxhunt_obs.lib.lake import Lake
-        from foxhunt_obs.lib.schemas import GPU_SAMPLES
-        from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-
         with tempfile.TemporaryDirectory() as lake_dir:
             table = collect_gpu_samples(
                 PrometheusClient(url),
@@ -91,15 +87,11 @@ def method(name: str, url: str) -> dict:
                 node_labels=("node", "Hostname", "instance"),
                 columns=["util"],
             )
-            Lake(lake_dir).write_partition(GPU_SAMPLES, "bench", table)
-        points, extra = table.num_rows, {}
+            extra["parquet_bytes"] = Lake(lake_dir).write_partition(GPU_SAMPLES, "bench", table).bytes
+        points = table.num_rows
     seconds = time.perf_counter() - t0
-    return {
-        "seconds": seconds,
-        "points": points,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        **extra,
-    }
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": seconds, "points": points, "peak_rss_mb": rss, **extra}
 
 
 def run_in_subprocess(name: str, url: str) -> dict:

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 TS = pa.timestamp("ms", tz="UTC")
+# Labels repeat on every row: dictionary-encoded in memory they cost an index per row, and Parquet
+# writes them without hashing each string again. DuckDB reads them as plain VARCHAR.
+LABEL = pa.dictionary(pa.int32(), pa.string())
 
 
 @dataclass(frozen=True)
@@ -28,14 +31,14 @@ GPU_SAMPLES = TableSpec(
     schema=pa.schema(
         [
             ("ts", TS),
-            ("node", pa.string()),
+            ("node", LABEL),
             ("gpu", pa.int32()),
-            ("uuid", pa.string()),
-            ("model", pa.string()),
-            ("namespace", pa.string()),
-            ("pod", pa.string()),
-            ("container", pa.string()),
-            ("experiment", pa.string()),
+            ("uuid", LABEL),
+            ("model", LABEL),
+            ("namespace", LABEL),
+            ("pod", LABEL),
+            ("container", LABEL),
+            ("experiment", LABEL),
             ("util", pa.float64()),  # ratio 0-1
             ("mem_used_bytes", pa.float64()),
             ("mem_free_bytes", pa.float64()),

@@ -29,7 +29,9 @@ SETTINGS: tuple[Setting, ...] = (
         "node,kubernetes_node,Hostname,hostname,instance",
         "Labels tried in order for a series' node (instance loses its :port)",
     ),
-    Setting("FOXHUNT_PARTITIONS_START", "2026-11-01", "First hourly/daily partition (read when definitions load)"),
+    Setting(
+        "FOXHUNT_PARTITIONS_START", "2026-11-01", "First hourly/daily partition (read when definitions load)"
+    ),
     Setting("FOXHUNT_PROMETHEUS_GZIP", "0", "1 = ask Prometheus for gzip (pays over a slow WAN link)"),
     Setting("FOXHUNT_PROMETHEUS_TIMEOUT", "120", "Seconds before one Prometheus request gives up"),
     Setting("FOXHUNT_PROMETHEUS_MAX_POINTS", "11000", "Most points per series in one query_range request"),

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from foxhunt_obs.lib.sources.prometheus import RangeResult, parse_matrix, split_windows
+from foxhunt_obs.lib.sources.prometheus import MatrixParser, RangeResult, parse_matrix, split_windows
 
 
 def _body(result, result_type="matrix"):
@@ -83,3 +83,25 @@ def test_split_windows_covers_the_grid_exactly_once():
     got = np.concatenate([np.arange(s, e + step, step) for s, e in split_windows(start, end, step, 11000)])
     assert np.array_equal(got, grid)
     assert all((e - s) / step + 1 <= 11000 for s, e in split_windows(start, end, step, 11000))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_incremental_parse_equals_whole_parse_at_any_chunk_boundary(chunk):
+    result = [
+        {"metric": {"__name__": "x", "gpu": str(g)}, "values": [[1700000000 + 15 * k, str(k * g)] for k in range(50)]}
+        for g in range(5)
+    ]
+    body = _body(result)
+    parser = MatrixParser()
+    for i in range(0, len(body), chunk):
+        parser.feed(body[i : i + chunk])
+    got, whole = parser.finish(), parse_matrix(body)
+    assert got.labels == whole.labels == [s["metric"] for s in result]
+    assert np.array_equal(got.offsets, whole.offsets)
+    assert np.array_equal(got.ts, whole.ts) and np.array_equal(got.values, whole.values)
+
+
+def test_a_truncated_answer_is_an_error():
+    body = _body([{"metric": {"g": "0"}, "values": [[1, "2"], [2, "3"]]}])
+    with pytest.raises(ValueError, match="truncated"):
+        parse_matrix(body[: len(body) // 2 + 20])

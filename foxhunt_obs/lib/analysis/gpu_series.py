@@ -56,88 +56,131 @@ def collect_gpu_samples(
 ) -> pa.Table:
     """gpu_samples rows for the window. `columns` limits which canonical metrics are fetched."""
     wanted = [m for m in catalog.gpu_metrics if columns is None or m.column in columns]
-    parts: list[pa.Table] = []
+    grid = _Grid(window)
     for metric in wanted:
-        for priority, source in enumerate(metric.sources):
+        # Last-listed source first, so the first-listed one wins where several report.
+        for source in reversed(metric.sources):
             query = fill(catalog.gpu_query, name=source.name, fresh=window.fresh)
             res = client.query_range(query, window.start, window.end, window.step, window.label)
             if res.labels:
-                parts.append(_gpu_long(res, catalog, node_labels, metric.column, priority, source.scale))
+                grid.add(res, catalog, node_labels, metric.column, source.scale)
     experiments = pod_experiments(client, catalog, window, experiment_label)
-    return _pivot_gpu(parts, catalog, wanted, experiments, window.step)
+    return grid.table(catalog, {m.column for m in wanted}, experiments)
 
 
-def _gpu_long(
-    res: RangeResult, catalog: Catalog, node_labels: tuple[str, ...], column: str, priority: int, scale: float
-) -> pa.Table:
-    """One row per point: the series' resolved labels, the canonical metric and the scaled value."""
-    lab = catalog.labels
-    per_series = {
-        "node": [node_of(x, node_labels) for x in res.labels],
-        "gpu": [_int_or_none(first_label(x, lab["gpu"])) for x in res.labels],
-        "uuid": [first_label(x, lab["uuid"]) for x in res.labels],
-        "model": [first_label(x, lab["model"]) for x in res.labels],
-        "namespace": [first_label(x, lab["namespace"]) for x in res.labels],
-        "pod": [first_label(x, lab["pod"]) for x in res.labels],
-        "container": [first_label(x, lab["container"]) for x in res.labels],
-    }
-    idx = pa.array(res.series_of_point())
-    cols = {k: pa.array(v).take(idx) for k, v in per_series.items()}
-    n = res.n_points
-    cols["ts_ms"] = pa.array(np.rint(res.ts * 1000).astype(np.int64))
-    cols["metric"] = pa.array(np.full(n, column, dtype=object), pa.string())
-    cols["priority"] = pa.array(np.full(n, priority, dtype=np.int32))
-    cols["value"] = pa.array(res.values * scale)
-    return pa.table(cols)
+class _Grid:
+    """Dense GPU x step arrays, one per canonical metric: series of the same GPU (a pod change starts
+    a new series) land in the same row, so pivoting is array indexing, not a GROUP BY."""
+
+    def __init__(self, window: Window):
+        self.window = window
+        self.start_ms, self.step_ms = round(window.start * 1000), round(window.step * 1000)
+        self.n_steps = max(0, -(-(round(window.end * 1000) - self.start_ms) // self.step_ms))
+        self.gpus: dict[tuple[str, int | None, str], int] = {}  # (node, gpu, uuid) -> row
+        self.label_sets: dict[tuple[str, str, str, str], int] = {}  # (model, namespace, pod, container)
+        self.points: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(
+        self, res: RangeResult, catalog: Catalog, node_labels: tuple[str, ...], column: str, scale: float
+    ):
+        lab = catalog.labels
+        gpu_of_series = np.empty(len(res.labels), np.int64)
+        labels_of_series = np.empty(len(res.labels), np.int64)
+        for i, x in enumerate(res.labels):
+            key = (
+                node_of(x, node_labels),
+                _int_or_none(first_label(x, lab["gpu"])),
+                first_label(x, lab["uuid"]),
+            )
+            gpu_of_series[i] = self.gpus.setdefault(key, len(self.gpus))
+            names = tuple(first_label(x, lab[k]) for k in ("model", "namespace", "pod", "container"))
+            labels_of_series[i] = self.label_sets.setdefault(names, len(self.label_sets))
+        series = res.series_of_point()
+        step = (np.rint(res.ts * 1000).astype(np.int64) - self.start_ms + self.step_ms // 2) // self.step_ms
+        ok = (step >= 0) & (step < self.n_steps)
+        self.points.append(
+            (
+                column,
+                gpu_of_series[series][ok],
+                step[ok],
+                res.values[ok] * scale,
+                labels_of_series[series][ok],
+            )
+        )
+
+    def table(self, catalog: Catalog, fetched: set[str], experiments: pa.Table) -> pa.Table:
+        if not self.gpus:
+            return GPU_SAMPLES.schema.empty_table()
+        shape = (len(self.gpus), self.n_steps)
+        values = {c: np.full(shape, np.nan) for c in fetched}
+        present = {c: np.zeros(shape, bool) for c in fetched}
+        label_set = np.full(shape, -1, np.int64)
+        for column, g, k, v, lab in self.points:
+            values[column][g, k] = v
+            present[column][g, k] = True
+            label_set[g, k] = lab
+        # Rows in (ts, node, gpu, uuid) order: GPUs sorted by key, cells taken step-major.
+        keys = list(self.gpus)
+        order = np.array(sorted(range(len(keys)), key=lambda i: (keys[i][0], keys[i][1] or -1, keys[i][2])))
+        any_present = np.logical_or.reduce([present[c] for c in fetched])[order]
+        k, r = np.nonzero(any_present.T)
+        g = order[r]
+        names = list(self.label_sets)
+        gpu_rows = pa.array(g.astype(np.int32))
+        label_rows = pa.array(label_set[g, k].astype(np.int32))
+        cols: dict[str, pa.Array] = {
+            "ts": pa.array(self.start_ms + k * self.step_ms, pa.timestamp("ms", tz="UTC")),
+            "node": _labels(gpu_rows, [key[0] for key in keys]),
+            "gpu": pa.array([key[1] for key in keys], pa.int32()).take(gpu_rows),
+            "uuid": _labels(gpu_rows, [key[2] for key in keys]),
+        }
+        for j, name in enumerate(("model", "namespace", "pod", "container")):
+            cols[name] = _labels(label_rows, [n[j] for n in names])
+        cols["experiment"] = _labels(label_rows, _experiments_of(names, experiments))
+        for m in catalog.gpu_metrics:
+            if m.column in fetched:
+                cols[m.column] = pa.array(values[m.column][g, k], mask=~present[m.column][g, k])
+            else:
+                cols[m.column] = pa.nulls(len(k), pa.float64())
+        cols["step_seconds"] = pa.array(np.full(len(k), self.window.step))
+        for m in catalog.gpu_metrics:  # e.g. total memory = used + free where the exporter has no total
+            if m.otherwise:
+                cols[m.column] = _coalesce_sql(cols, m.column, m.otherwise)
+        table = pa.table(cols)
+        return table.select(GPU_SAMPLES.schema.names).cast(GPU_SAMPLES.schema)
+
+
+def _coalesce_sql(cols: dict[str, pa.Array], column: str, expr: str) -> pa.Array:
+    """coalesce(column, expr) with the catalog's SQL expression, over the numeric columns only."""
+    numeric = pa.table({k: v for k, v in cols.items() if pa.types.is_floating(v.type)})
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("t", numeric)
+        out = con.execute(f"SELECT coalesce({column}, {expr}) AS v FROM t").to_arrow_table()
+    finally:
+        con.close()
+    return out.column("v").combine_chunks().cast(pa.float64())
+
+
+def _labels(rows: pa.Array, values: list[str]) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(rows, pa.array(values, pa.string()))
 
 
 def _int_or_none(s: str) -> int | None:
     return int(s) if s.isdigit() else None
 
 
-def _pivot_gpu(parts, catalog: Catalog, wanted, experiments: pa.Table, step: float) -> pa.Table:
-    if not parts:
-        return GPU_SAMPLES.schema.empty_table()
-    long = pa.concat_tables(parts, promote_options="permissive")
-    fetched = {m.column for m in wanted}
-    metric_cols = []
-    for m in catalog.gpu_metrics:
-        # arg_min over the catalog's source order: the first-listed source wins when several report.
-        expr = (
-            f"arg_min(value, priority) FILTER (WHERE metric = '{m.column}')"
-            if m.column in fetched
-            else "NULL"
-        )
-        metric_cols.append((m.column, expr))
-    pivot = ",\n      ".join(f"{expr} AS {col}" for col, expr in metric_cols)
-    final = []
-    for m in catalog.gpu_metrics:
-        final.append(f"coalesce({m.column}, {m.otherwise}) AS {m.column}" if m.otherwise else m.column)
-    con = duckdb.connect(":memory:")
-    try:
-        con.register("long", long)
-        con.register("experiments", experiments)
-        sql = f"""
-        WITH wide AS (
-          SELECT ts_ms, node, gpu, uuid,
-            max(model) AS model, max(namespace) AS namespace, max(pod) AS pod, max(container) AS container,
-            {pivot}
-          FROM long GROUP BY ts_ms, node, gpu, uuid
-        )
-        SELECT epoch_ms(ts_ms) AS ts, w.node, w.gpu, w.uuid, w.model, w.namespace, w.pod, w.container,
-          CASE WHEN w.pod = '' THEN '{UNATTRIBUTED}'
-               ELSE coalesce(e.experiment, n.experiment, '{UNATTRIBUTED}') END AS experiment,
-          {", ".join(final)},
-          {float(step)}::DOUBLE AS step_seconds
-        FROM wide w
-        LEFT JOIN (SELECT * FROM experiments WHERE pod <> '') e ON e.namespace = w.namespace AND e.pod = w.pod
-        LEFT JOIN (SELECT * FROM experiments WHERE pod = '') n ON n.namespace = w.namespace
-        ORDER BY ts, w.node, w.gpu, w.uuid
-        """
-        table = con.execute(sql).to_arrow_table()
-    finally:
-        con.close()
-    return table.select(GPU_SAMPLES.schema.names).cast(GPU_SAMPLES.schema)
+def _experiments_of(label_sets: list[tuple[str, str, str, str]], experiments: pa.Table) -> list[str]:
+    """Experiment of each (model, namespace, pod, container): the pod's label, else the namespace's."""
+    by_pod = {
+        (ns, pod): e
+        for ns, pod, e in zip(*(experiments.column(c).to_pylist() for c in experiments.column_names))
+    }
+    out = []
+    for _, ns, pod, _ in label_sets:
+        found = (by_pod.get((ns, pod)) or by_pod.get((ns, ""))) if pod else None
+        out.append(found or UNATTRIBUTED)
+    return out
 
 
 def pod_experiments(client: PrometheusClient, catalog: Catalog, window: Window, label: str) -> pa.Table:

@@ -3,21 +3,22 @@
 The fast path exists because building millions of small Python objects is what costs: `json.loads`
 of a matrix makes a list per point and a str per value. Matrix values are regular
 (`[<ts>,"<value>"]`), so each series' value block is cut out of the raw body and parsed in bulk by
-NumPy; only the small label objects go through `json`.
+Arrow's CSV reader; only the small label objects go through `json`.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
 import requests
 
-_SERIES = re.compile(rb'"metric":(\{.*?\}),"values":\[\[(.*?)\]\]', re.S)
 _RETRY_STATUS = {503}
 _HINTS = {
     400: "the window has too many points per series: lower FOXHUNT_PROMETHEUS_MAX_POINTS",
@@ -80,31 +81,76 @@ class RangeResult:
         return RangeResult(labels, offsets, ts_all[order], v_all[order])
 
 
+class MatrixParser:
+    """Parses a query_range answer incrementally: each series is cut out of the bytes as soon as it is
+    complete and its [<ts>,"<value>"] pairs rewritten as CSV lines, so parsing overlaps the download.
+    Arrow's multi-threaded CSV reader then reads all points at once (NaN, +Inf and -Inf included)."""
+
+    _METRIC, _VALUES = b'{"metric":', b',"values":[['
+
+    def __init__(self) -> None:
+        self._head = b""
+        self._rest = b""
+        self.labels: list[dict[str, str]] = []
+        self._csv: list[bytes] = []
+        self._counts: list[int] = []
+
+    def feed(self, chunk: bytes) -> None:
+        if len(self._head) < 400:
+            self._head += chunk[: 400 - len(self._head)]
+        buf = self._rest + chunk if self._rest else chunk
+        pos = 0
+        while True:
+            m = buf.find(self._METRIC, pos)
+            if m < 0:  # keep a tail that may hold the start of the next marker
+                pos = max(pos, len(buf) - len(self._METRIC))
+                break
+            v = buf.find(self._VALUES, m)
+            e = buf.find(b"]]", v) if v >= 0 else -1
+            if e < 0:  # this series is not complete yet
+                pos = m
+                break
+            self.labels.append(json.loads(buf[m + len(self._METRIC) : v]))
+            block = buf[v + len(self._VALUES) : e]
+            self._counts.append(block.count(b"],[") + 1)
+            self._csv.append(block.replace(b"],[", b"\n").replace(b'"', b""))
+            pos = e
+        self._rest = buf[pos:]
+
+    def finish(self) -> RangeResult:
+        if b'"status":"success"' not in self._head:
+            raise ValueError(f"not a successful Prometheus response: {self._head[:300]!r}")
+        if b'"resultType":"matrix"' not in self._head:
+            raise ValueError(f"not a matrix result: {self._head[:300]!r}")
+        if self._METRIC in self._rest:
+            raise ValueError(f"truncated or malformed series: {self._rest[:200]!r}")
+        if not self.labels:
+            return RangeResult.empty()
+        expected = sum(self._counts)
+        table = pacsv.read_csv(
+            io.BytesIO(b"\n".join(self._csv)), read_options=_CSV_READ, convert_options=_CSV_CONVERT
+        )
+        if table.num_rows != expected:
+            raise ValueError(f"malformed matrix values: expected {expected} points, got {table.num_rows}")
+        offsets = np.concatenate([[0], np.cumsum(self._counts)]).astype(np.int64)
+        return RangeResult(self.labels, offsets, _numpy(table.column("t")), _numpy(table.column("v")))
+
+
 def parse_matrix(body: bytes) -> RangeResult:
-    """Parse a successful query_range response body without a Python object per point."""
-    head = body[:200]
-    if b'"status":"success"' not in head:
-        raise ValueError(f"not a successful Prometheus response: {body[:300]!r}")
-    if b'"resultType":"matrix"' not in body[:400] and b'"result":[]' not in body[:400]:
-        raise ValueError(f"not a matrix result: {body[:300]!r}")
-    labels: list[dict[str, str]] = []
-    blocks: list[bytes] = []
-    counts: list[int] = []
-    for m in _SERIES.finditer(body):
-        labels.append(json.loads(m.group(1)))
-        block = m.group(2)
-        blocks.append(block)
-        counts.append(block.count(b"],[") + 1)
-    if not labels:
-        return RangeResult.empty()
-    flat = b",".join(blocks).replace(b"],[", b",").replace(b'"', b"").decode("ascii")
-    # numpy's text parser reads NaN, +Inf and -Inf as floats, as Prometheus writes them.
-    pairs = np.fromstring(flat, dtype=np.float64, sep=",")
-    if pairs.size != 2 * sum(counts):
-        raise ValueError(f"malformed matrix values: expected {2 * sum(counts)} numbers, got {pairs.size}")
-    pairs = pairs.reshape(-1, 2)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return RangeResult(labels, offsets, pairs[:, 0].copy(), pairs[:, 1].copy())
+    """Parse a whole successful query_range answer."""
+    parser = MatrixParser()
+    parser.feed(body)
+    return parser.finish()
+
+
+_CSV_READ = pacsv.ReadOptions(column_names=["t", "v"], block_size=1 << 22)
+_CSV_CONVERT = pacsv.ConvertOptions(
+    column_types={"t": pa.float64(), "v": pa.float64()}, null_values=[], strings_can_be_null=False
+)
+
+
+def _numpy(col: pa.ChunkedArray) -> np.ndarray:
+    return col.combine_chunks().to_numpy(zero_copy_only=False)
 
 
 def split_windows(start: float, end: float, step: float, max_points: int) -> list[tuple[float, float]]:
@@ -193,38 +239,55 @@ class PrometheusClient:
         return RangeResult.concat(parts)
 
     def fetch_range_body(self, query: str, start: float, end: float, step: float, what: str = "") -> bytes:
+        """The raw answer of one query_range request (no chunking)."""
+        return self._post_range(query, start, end, step, what).content
+
+    def _post_range(self, query: str, start: float, end: float, step: float, what: str, stream: bool = False):
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        where = f"query_range {query} {iso(start)}..{iso(end + step)} step {step:g}s{_for(what)}"
         delay = 0.5
         for attempt in range(1, self.retries + 1):
             try:
                 # POST: long PromQL does not fit in a URL; Prometheus accepts form-encoded parameters.
                 r = self._session.post(
-                    f"{self.url}/api/v1/query_range", data=params, headers=self._headers, timeout=self.timeout_s
+                    f"{self.url}/api/v1/query_range",
+                    data=params,
+                    headers=self._headers,
+                    timeout=self.timeout_s,
+                    stream=stream,
                 )
             except (requests.ConnectionError, requests.Timeout) as e:
                 if attempt == self.retries:
-                    raise PrometheusError(
-                        f"Prometheus at {self.url}: {where}: cannot connect after {attempt} tries: {e}"
+                    raise self._error(
+                        query, start, end, step, what, f"cannot connect after {attempt} tries: {e}"
                     ) from e
             else:
                 if r.status_code == 200:
-                    return r.content
+                    return r
                 if r.status_code not in _RETRY_STATUS or attempt == self.retries:
-                    raise PrometheusError(f"Prometheus at {self.url}: {where}: {_describe(r)}")
+                    raise self._error(query, start, end, step, what, _describe(r))
+                r.close()
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
 
     def _range_chunk(self, query: str, start: float, end: float, step: float, what: str) -> RangeResult:
-        body = self.fetch_range_body(query, start, end, step, what)
+        r = self._post_range(query, start, end, step, what, stream=True)
+        parser = MatrixParser()
         try:
-            return parse_matrix(body)
+            with r:
+                for chunk in r.iter_content(1 << 20):
+                    parser.feed(chunk)
+            return parser.finish()
+        except requests.RequestException as e:
+            raise self._error(query, start, end, step, what, f"connection lost mid-answer: {e}") from e
         except ValueError as e:
-            raise PrometheusError(
-                f"Prometheus at {self.url}: query_range {query} {iso(start)}..{iso(end + step)} "
-                f"step {step:g}s{_for(what)}: unreadable answer: {e}"
-            ) from e
+            raise self._error(query, start, end, step, what, f"unreadable answer: {e}") from e
+
+    def _error(
+        self, query: str, start: float, end: float, step: float, what: str, text: str
+    ) -> PrometheusError:
+        where = f"query_range {query} {iso(start)}..{iso(end + step)} step {step:g}s{_for(what)}"
+        return PrometheusError(f"Prometheus at {self.url}: {where}: {text}")
 
 
 def _for(what: str) -> str:
