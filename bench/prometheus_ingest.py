@@ -4,7 +4,7 @@
   client  prometheus-api-client custom_query_range + MetricRangeDataFrame: the obvious alternative
   ours    foxhunt_obs's ingest: fast-path fetch, catalog, pivot, Parquet partition in the lake
 
-Each method runs in a fresh process (so peak RSS is its own), three times; the median counts.
+Each method runs in a fresh process (so peak RSS is its own), five times; the median counts.
 Writes bench/results/prometheus_ingest.json and prints a table.
 """
 
@@ -114,7 +114,7 @@ def main() -> None:
         copy_tsdb(tsdb, Path(work) / "tsdb")
         with PrometheusServer(Path(work) / "tsdb", workdir=Path(work)) as prom:
             run_in_subprocess("raw", prom.url)  # warm Prometheus's page cache and chunk cache once
-            runs = {m: [run_in_subprocess(m, prom.url) for _ in range(3)] for m in ("raw", "client", "ours")}
+            runs = {m: [run_in_subprocess(m, prom.url) for _ in range(5)] for m in ("raw", "client", "ours")}
     summary = {}
     for m, rs in runs.items():
         summary[m] = {

@@ -38,8 +38,11 @@ def test_catalog_maps_every_seed_metric_with_its_unit():
 def test_catalog_columns_are_gpu_samples_columns():
     from foxhunt_obs.lib.schemas import GPU_SAMPLES
 
-    for m in load_catalog().gpu_metrics:
+    catalog = load_catalog()
+    for m in catalog.gpu_metrics:
         assert m.column in GPU_SAMPLES.schema.names
+        assert all(c in GPU_SAMPLES.schema.names for c in m.otherwise_sum_of)
+    assert catalog.gpu_metric("mem_total_bytes").otherwise_sum_of == ("mem_used_bytes", "mem_free_bytes")
 
 
 def test_a_rename_with_a_unit_change_is_a_data_change(tmp_path):

@@ -36,7 +36,7 @@ class GpuMetric:
     unit: str
     sources: tuple[Source, ...]
     counter: bool = False
-    otherwise: str | None = None  # SQL over other canonical columns when no source reported
+    otherwise_sum_of: tuple[str, ...] = ()  # where no source reported: the sum of these columns
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _gpu_metric(column: str, spec: dict) -> GpuMetric:
         unit=spec["unit"],
         sources=sources,
         counter=bool(spec.get("counter", False)),
-        otherwise=spec.get("otherwise"),
+        otherwise_sum_of=tuple(_ident(c) for c in spec.get("otherwise_sum_of", ())),
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from foxhunt_obs.lib.analysis.catalog import Catalog, first_label, kube_label_name, node_of
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES
@@ -126,12 +127,12 @@ class _Grid:
         k, r = np.nonzero(any_present.T)
         g = order[r]
         names = list(self.label_sets)
-        gpu_rows = pa.array(g.astype(np.int32))
-        label_rows = pa.array(label_set[g, k].astype(np.int32))
+        gpu_rows = g
+        label_rows = label_set[g, k]
         cols: dict[str, pa.Array] = {
             "ts": pa.array(self.start_ms + k * self.step_ms, pa.timestamp("ms", tz="UTC")),
             "node": _labels(gpu_rows, [key[0] for key in keys]),
-            "gpu": pa.array([key[1] for key in keys], pa.int32()).take(gpu_rows),
+            "gpu": pa.array([key[1] for key in keys], pa.int32()).take(pa.array(gpu_rows)),
             "uuid": _labels(gpu_rows, [key[2] for key in keys]),
         }
         for j, name in enumerate(("model", "namespace", "pod", "container")):
@@ -144,26 +145,20 @@ class _Grid:
                 cols[m.column] = pa.nulls(len(k), pa.float64())
         cols["step_seconds"] = pa.array(np.full(len(k), self.window.step))
         for m in catalog.gpu_metrics:  # e.g. total memory = used + free where the exporter has no total
-            if m.otherwise:
-                cols[m.column] = _coalesce_sql(cols, m.column, m.otherwise)
+            if m.otherwise_sum_of:
+                total = cols[m.otherwise_sum_of[0]]
+                for other in m.otherwise_sum_of[1:]:
+                    total = pc.add(total, cols[other])
+                cols[m.column] = pc.coalesce(cols[m.column], total)
         table = pa.table(cols)
         return table.select(GPU_SAMPLES.schema.names).cast(GPU_SAMPLES.schema)
 
 
-def _coalesce_sql(cols: dict[str, pa.Array], column: str, expr: str) -> pa.Array:
-    """coalesce(column, expr) with the catalog's SQL expression, over the numeric columns only."""
-    numeric = pa.table({k: v for k, v in cols.items() if pa.types.is_floating(v.type)})
-    con = duckdb.connect(":memory:")
-    try:
-        con.register("t", numeric)
-        out = con.execute(f"SELECT coalesce({column}, {expr}) AS v FROM t").to_arrow_table()
-    finally:
-        con.close()
-    return out.column("v").combine_chunks().cast(pa.float64())
-
-
-def _labels(rows: pa.Array, values: list[str]) -> pa.DictionaryArray:
-    return pa.DictionaryArray.from_arrays(rows, pa.array(values, pa.string()))
+def _labels(rows: np.ndarray, values: list[str]) -> pa.DictionaryArray:
+    """values[rows] as a dictionary array with a sorted, duplicate-free dictionary: the same rows
+    always give the same bytes, however the series happened to arrive."""
+    uniq, inverse = np.unique(np.array(values, dtype=object), return_inverse=True)
+    return pa.DictionaryArray.from_arrays(pa.array(inverse[rows].astype(np.int32)), pa.array(uniq, pa.string()))
 
 
 def _int_or_none(s: str) -> int | None:
