@@ -114,14 +114,21 @@ def _tail(path: Path, chars: int = 3000) -> str:
 class PrometheusServer:
     """/usr/bin/prometheus on ``tsdb_dir``, listening on 127.0.0.1 only, with no scrape jobs.
 
+    ``extra_args`` go to prometheus as they are (tests use ``--query.max-samples`` to provoke errors).
     ``lookback_delta`` (e.g. "30s") sets ``--query.lookback-delta``. Backfilled history has no staleness
     markers, so with the default 5m a series that ends (pod gone, node lost) keeps answering instant
     and range queries for 5 more minutes; a live Prometheus would have marked it stale at once.
     """
 
     def __init__(
-        self, tsdb_dir: Path, port: int = 0, workdir: Path | None = None, lookback_delta: str | None = None
+        self,
+        tsdb_dir: Path,
+        port: int = 0,
+        workdir: Path | None = None,
+        lookback_delta: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ):
+        self.extra_args = tuple(extra_args)
         self.tsdb_dir = Path(tsdb_dir)
         self.port = port
         self.workdir = Path(workdir) if workdir else None
@@ -159,6 +166,7 @@ class PrometheusServer:
         ]
         if self.lookback_delta:
             cmd.append(f"--query.lookback-delta={self.lookback_delta}")
+        cmd += self.extra_args
         with self.log_path.open("ab") as log:
             # own process group, so stop() can take the whole group down (DESIGN §8)
             self.process = subprocess.Popen(

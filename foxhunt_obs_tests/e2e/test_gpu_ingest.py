@@ -259,3 +259,21 @@ def test_dagster_cli_materializes_a_partition_with_only_the_documented_variables
         (expected["ts"] >= pd.Timestamp(f"{DAY}T01:00Z")) & (expected["ts"] < pd.Timestamp(f"{DAY}T02:00Z"))
     ]
     assert table.num_rows == len(in_hour)
+
+
+def test_checks_pass_on_the_scenario_and_flag_an_empty_hour_after_gpus(small, ingested):
+    ok = run("gpu_ingest_job", hour(small, 1), hour(small, 1))
+    assert {e.check_name: e.passed for e in ok.get_asset_check_evaluations()} == {
+        "values_in_range": True,
+        "unique_uuid_ts": True,
+        "not_empty_after_gpus": True,
+    }
+    # The hour after the scenario ends: Prometheus has nothing, the hour before had GPUs.
+    after = run("gpu_ingest_job", hour(small, small.hours), hour(small, small.hours))
+    assert after.success  # a warning, not a failed run
+    checks = {e.check_name: e for e in after.get_asset_check_evaluations()}
+    assert not checks["not_empty_after_gpus"].passed
+    assert checks["not_empty_after_gpus"].severity == dg.AssetCheckSeverity.WARN
+    assert ingested.read_partition(GPU_SAMPLES, f"{DAY}T{small.hours:02d}").num_rows == 0
+    ingested.delete_partition(GPU_SAMPLES, f"{DAY}T{small.hours:02d}")
+    ingested.delete_partition(NODE_SAMPLES, f"{DAY}T{small.hours:02d}")

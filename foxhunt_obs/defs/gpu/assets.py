@@ -99,9 +99,11 @@ def _gpu_metadata(tables: dict[str, pa.Table], root: str) -> dict:
 def _gpu_checks(tables: dict[str, pa.Table], store):
     con = duckdb.connect(":memory:")
     con.register("t", pa.concat_tables(tables.values()))
+    # NaN is a missing reading, not an out-of-range one (DuckDB orders NaN above every number).
     bad = con.execute(
-        """SELECT count(*) FILTER (WHERE util < 0 OR util > 1),
-                  count(*) FILTER (WHERE temp_celsius < -20 OR temp_celsius > 130) FROM t"""
+        """SELECT count(*) FILTER (WHERE NOT isnan(util) AND (util < 0 OR util > 1)),
+                  count(*) FILTER (WHERE NOT isnan(temp_celsius) AND (temp_celsius < -20 OR temp_celsius > 130)),
+                  count(*) FILTER (WHERE isnan(util)) FROM t"""
     ).fetchone()
     dupes = con.execute(
         "SELECT count(*) FROM (SELECT uuid, ts FROM t GROUP BY ALL HAVING count(*) > 1)"
@@ -109,8 +111,8 @@ def _gpu_checks(tables: dict[str, pa.Table], store):
     con.close()
     yield dg.AssetCheckResult(
         check_name="values_in_range",
-        passed=sum(bad) == 0,
-        metadata={"util_out_of_range": bad[0], "temperature_out_of_range": bad[1]},
+        passed=bad[0] + bad[1] == 0,
+        metadata={"util_out_of_range": bad[0], "temperature_out_of_range": bad[1], "util_nan": bad[2]},
     )
     yield dg.AssetCheckResult(
         check_name="unique_uuid_ts", passed=dupes == 0, metadata={"duplicate_keys": dupes}
@@ -141,7 +143,7 @@ def _gpu_checks(tables: dict[str, pa.Table], store):
 )
 def node_samples(context: dg.AssetExecutionContext, lake: LakeResource, prometheus: PrometheusResource):
     settings, catalog, store, client = Settings.from_env(), load_catalog(), lake.lake(), prometheus.client()
-    total, nodes, down = 0, set(), 0
+    tables: dict[str, pa.Table] = {}
     for hour in hours_of(context.partition_time_window):
         key = hour_key(hour)
         gpus = store.read_partition(GPU_SAMPLES, key)
@@ -166,14 +168,26 @@ def node_samples(context: dg.AssetExecutionContext, lake: LakeResource, promethe
             store.write_partition(NODE_SAMPLES, key, table)
         except (PrometheusError, LakeError) as e:
             raise _fail(e) from e
-        total += table.num_rows
-        nodes |= set(table.column("node").to_pylist())
-        down += table.num_rows - sum(table.column("gpu_node_up").to_pylist())
+        tables[key] = table
+    con = duckdb.connect(":memory:")
+    con.register("t", pa.concat_tables(tables.values()))
+    rows, t0, t1, down = con.execute(
+        "SELECT count(*), min(ts), max(ts), count(*) FILTER (WHERE NOT gpu_node_up) FROM t"
+    ).fetchone()
+    per_node = con.execute(
+        """SELECT node, any_value(instance_type) AS instance_type, count(*) AS steps,
+                  round(avg(cpu_busy), 3) AS cpu_busy, round(max(mem_used_bytes) / 2^30, 1) AS mem_used_max_gib,
+                  max(gpus_reporting) AS gpus
+           FROM t GROUP BY node ORDER BY node"""
+    ).fetch_df()
+    con.close()
     return dg.MaterializeResult(
         metadata={
-            "dagster/row_count": dg.MetadataValue.int(total),
-            "nodes": dg.MetadataValue.text(", ".join(sorted(nodes)) or "none"),
+            "dagster/row_count": dg.MetadataValue.int(rows),
+            "partitions": dg.MetadataValue.text(", ".join(tables)),
+            "time_range": dg.MetadataValue.text(f"{t0} .. {t1}" if rows else "empty"),
             "rows_without_gpus": dg.MetadataValue.int(down),
+            "nodes": dg.MetadataValue.md(per_node.to_markdown(index=False) if rows else "none"),
         }
     )
 
