@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--start", required=True, help="UTC hour, e.g. 2026-11-22T00")
     sm.add_argument("--end", required=True, help="UTC hour, exclusive")
 
+    rules = sub.add_parser("rules", help="Prometheus rules generated from the metric catalog")
+    rules.add_argument("action", choices=["export"])
+    rules.add_argument("--out", type=Path, default=Path("deploy/prometheus"))
+
     demo = sub.add_parser(
         "demo", help="sandbox up, ingest its last 24 hours through Dagster, print a summary"
     )
@@ -45,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         first, _, last = args.range.partition("...")
         return 0 if run_job(args.job, first, last or first) else 1
+    if args.cmd == "rules":
+        for path in export_rules(args.out):
+            print(f"wrote {path}")
+        return 0
     if args.cmd == "summary":
         print(summary(_hour(args.start), _hour(args.end)))
         return 0
@@ -78,6 +86,30 @@ def _sandbox(args) -> int:
             return 1
         print(f"export FOXHUNT_PROMETHEUS_URL={info['url']}")
     return 0
+
+
+def export_rules(out: Path) -> list[Path]:
+    """The recording rules as a Prometheus rules file and as a PrometheusRule (prometheus-operator)."""
+
+    from foxhunt_obs.lib.analysis.catalog import load_catalog
+    from foxhunt_obs.lib.analysis.recording_rules import recording_rules, render
+    from foxhunt_obs.lib.settings import Settings
+
+    rules = recording_rules(load_catalog(), Settings.from_env().node_labels)
+    manifest = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "foxhunt-recording-rules", "namespace": "monitoring", "labels": {"release": "prometheus"}},
+        "spec": rules,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        out / "foxhunt-recording-rules.yaml": render(rules),
+        out / "foxhunt-recording-rules.prometheusrule.yaml": render(manifest),
+    }
+    for path, text in files.items():
+        path.write_text(text)
+    return list(files)
 
 
 def ensure_dagster_home() -> Path:

@@ -15,7 +15,8 @@ import yaml
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "metric_catalog.yaml"
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
-_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+# a metric name, optionally with a label matcher: foxhunt_gpu_ecc_errors_total{error="corrected"}
+_SELECTOR = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*(=|!=|=~|!~)"[^"]*",?)*\})?$')
 
 
 class CatalogError(ValueError):
@@ -24,7 +25,7 @@ class CatalogError(ValueError):
 
 @dataclass(frozen=True)
 class Source:
-    name: str  # Prometheus metric name
+    name: str  # Prometheus metric name, optionally with label matchers
     exporter: str
     unit: str
     scale: float  # source value * scale = canonical value
@@ -33,6 +34,7 @@ class Source:
 @dataclass(frozen=True)
 class GpuMetric:
     column: str
+    record: str  # the recording rule with canonical labels (dashboards and alerts query it)
     unit: str
     sources: tuple[Source, ...]
     counter: bool = False
@@ -105,12 +107,15 @@ def _gpu_metric(column: str, spec: dict) -> GpuMetric:
         for s in spec.get("sources", [])
     )
     for s in sources:
-        if not _METRIC_NAME.match(s.name):
-            raise ValueError(f"{column}: {s.name!r} is not a Prometheus metric name")
+        if not _SELECTOR.match(s.name):
+            raise ValueError(f"{column}: {s.name!r} is not a Prometheus metric name or selector")
     if not sources:
         raise ValueError(f"{column}: no sources")
+    if not re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", spec["record"]):
+        raise ValueError(f"{column}: {spec['record']!r} is not a recording rule name")
     return GpuMetric(
         column=_ident(column),
+        record=spec["record"],
         unit=spec["unit"],
         sources=sources,
         counter=bool(spec.get("counter", False)),
