@@ -99,7 +99,11 @@ def export_rules(out: Path) -> list[Path]:
     manifest = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": "foxhunt-recording-rules", "namespace": "monitoring", "labels": {"release": "prometheus"}},
+        "metadata": {
+            "name": "foxhunt-recording-rules",
+            "namespace": "monitoring",
+            "labels": {"release": "prometheus"},
+        },
         "spec": rules,
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -158,7 +158,9 @@ def _labels(rows: np.ndarray, values: list[str]) -> pa.DictionaryArray:
     """values[rows] as a dictionary array with a sorted, duplicate-free dictionary: the same rows
     always give the same bytes, however the series happened to arrive."""
     uniq, inverse = np.unique(np.array(values, dtype=object), return_inverse=True)
-    return pa.DictionaryArray.from_arrays(pa.array(inverse[rows].astype(np.int32)), pa.array(uniq, pa.string()))
+    return pa.DictionaryArray.from_arrays(
+        pa.array(inverse[rows].astype(np.int32)), pa.array(uniq, pa.string())
+    )
 
 
 def _int_or_none(s: str) -> int | None:
