@@ -1,7 +1,7 @@
 # The README's commands. Each installs what it needs on a fresh Debian/Ubuntu machine.
 SHELL := /bin/bash
 PY := .venv/bin/python
-STAMP := .venv/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := .venv/.installed-$(shell cat pyproject.toml exporter/pyproject.toml | sha1sum | cut -c1-12)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.foxhunt/dagster_home
 
@@ -13,7 +13,7 @@ $(STAMP):
 	@command -v python3 >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3 python3-venv; }
 	@[ -x .venv/bin/pip ] || python3 -m venv .venv || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && python3 -m venv .venv; }
 	.venv/bin/pip install -q --upgrade pip
-	.venv/bin/pip install -q -e '.[dev]'
+	.venv/bin/pip install -q -e '.[dev]' -e './exporter[dev,k8s]'
 	rm -f .venv/.installed-* && touch $@
 
 prometheus:
@@ -40,6 +40,7 @@ sandbox-down:
 
 bench: install
 	$(PY) bench/prometheus_ingest.py
+	$(PY) bench/exporter.py
 
 lint: install
 	.venv/bin/ruff check .

@@ -114,7 +114,9 @@ def _tail(path: Path, chars: int = 3000) -> str:
 class PrometheusServer:
     """/usr/bin/prometheus on ``tsdb_dir``, listening on 127.0.0.1 only, with no scrape jobs.
 
-    ``extra_args`` go to prometheus as they are (tests use ``--query.max-samples`` to provoke errors).
+    ``scrape_jobs`` (job name -> targets) are scraped every ``scrape_interval``; ``rule_files`` are
+    loaded (the catalog's recording rules). ``extra_args`` go to prometheus as they are (tests use
+    ``--query.max-samples`` to provoke errors).
     ``lookback_delta`` (e.g. "30s") sets ``--query.lookback-delta``. Backfilled history has no staleness
     markers, so with the default 5m a series that ends (pod gone, node lost) keeps answering instant
     and range queries for 5 more minutes; a live Prometheus would have marked it stale at once.
@@ -127,8 +129,14 @@ class PrometheusServer:
         workdir: Path | None = None,
         lookback_delta: str | None = None,
         extra_args: tuple[str, ...] = (),
+        scrape_jobs: dict[str, list[str]] | None = None,
+        scrape_interval: str = "15s",
+        rule_files: tuple[Path, ...] = (),
     ):
         self.extra_args = tuple(extra_args)
+        self.scrape_jobs = scrape_jobs or {}
+        self.scrape_interval = scrape_interval
+        self.rule_files = tuple(Path(p).resolve() for p in rule_files)
         self.tsdb_dir = Path(tsdb_dir)
         self.port = port
         self.workdir = Path(workdir) if workdir else None
@@ -147,6 +155,9 @@ class PrometheusServer:
     def log_path(self) -> Path:
         return self.workdir / "prometheus.log"
 
+    def _config(self) -> str:
+        return _config_text(self.scrape_interval, self.scrape_jobs, self.rule_files)
+
     def start(self, timeout: float = 30.0) -> PrometheusServer:
         if self.process:
             raise SandboxError("Prometheus already started")
@@ -154,7 +165,7 @@ class PrometheusServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         config = self.workdir / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 15s\n")
+        config.write_text(self._config())
         cmd = [
             PROMETHEUS,
             f"--config.file={config}",
@@ -198,6 +209,18 @@ class PrometheusServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _config_text(scrape_interval: str, scrape_jobs: dict[str, list[str]], rule_files) -> str:
+    config = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [
+            {"job_name": job, "honor_labels": True, "static_configs": [{"targets": list(targets)}]}
+            for job, targets in scrape_jobs.items()
+        ],
+    }
+    return json.dumps(config, indent=2) + "\n"  # JSON is YAML
 
 
 def _kill_group(pgid: int, timeout: float, process: subprocess.Popen | None = None) -> None:
