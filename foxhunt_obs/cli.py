@@ -70,7 +70,7 @@ def _sandbox(args) -> int:
         info = sandbox.up(args.scenario, args.state_dir, args.port)
         print(
             f"sandbox up: Prometheus {info['url']} (pid {info['pid']}), scenario {info['scenario']} "
-            f"{info['start']} .. {info['end']}"
+            f"{info['start']} .. {info['end']}; live fake exporter {info['exporter_url']} scraped every 5 s"
         )
     elif args.action == "down":
         sandbox.down(args.state_dir)

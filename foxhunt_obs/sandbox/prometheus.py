@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -216,6 +217,7 @@ def _config_text(scrape_interval: str, scrape_jobs: dict[str, list[str]], rule_f
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [
+            # honor_labels: the exporter's pod labels name the pod holding the GPU (as in our ServiceMonitor)
             {"job_name": job, "honor_labels": True, "static_configs": [{"targets": list(targets)}]}
             for job, targets in scrape_jobs.items()
         ],
@@ -270,9 +272,65 @@ def _alive(pid: int) -> bool:
 _DETACHED: dict[int, subprocess.Popen] = {}
 
 
-def up(scenario_name: str, state_dir: Path, port: int, lookback_delta: str | None = None) -> dict:
+RECORDING_RULES = (
+    Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "foxhunt-recording-rules.yaml"
+)
+EXPORTER_JOB = "foxhunt-gpu-exporter"
+LIVE_NODE = "sandbox-live-node"
+
+
+def start_fake_exporter(
+    port: int, workdir: Path, interval: float = 5.0, scenario: Path | None = None, hostname: str = LIVE_NODE
+) -> subprocess.Popen:
+    """The live path's exporter with its fake NVML backend, in its own process group, ready to scrape."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "foxhunt_gpu_exporter",
+        "--fake",
+        *([str(scenario)] if scenario else []),
+        "--listen-address",
+        f"127.0.0.1:{port}",
+        "--interval",
+        str(interval),
+        "--hostname",
+        hostname,
+    ]
+    log = (Path(workdir) / "exporter.log").open("ab")
+    process = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    log.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SandboxError(
+                f"foxhunt-gpu-exporter exited with {process.returncode} (is exporter/ installed? "
+                f"pip install -e ./exporter): {_tail(Path(workdir) / 'exporter.log')}"
+            )
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                if r.status == 200:
+                    return process
+        except OSError:
+            time.sleep(0.1)
+    _kill_group(process.pid, 5.0, process)
+    raise SandboxError(
+        f"foxhunt-gpu-exporter not healthy after 20 s: {_tail(Path(workdir) / 'exporter.log')}"
+    )
+
+
+def up(
+    scenario_name: str,
+    state_dir: Path,
+    port: int,
+    lookback_delta: str | None = None,
+    exporter_port: int | None = None,
+) -> dict:
     """Build or reuse the scenario's TSDB under ``state_dir/cache``, run Prometheus on a fresh copy in
     ``state_dir/run`` (detached: it outlives this process) and record it in ``state_dir/sandbox.json``.
+    Beside the backfilled history, a live fake exporter (``exporter_port``, default a free port) is
+    scraped every 5 s and the catalog's recording rules are loaded: the live path, end to end.
     A server already recorded there is stopped first."""
     state_dir = Path(state_dir)
     scenario = load_scenario(scenario_name)
@@ -280,11 +338,28 @@ def up(scenario_name: str, state_dir: Path, port: int, lookback_delta: str | Non
     down(state_dir)
     run = state_dir / "run"
     copy_tsdb(tsdb, run / "tsdb")
-    server = PrometheusServer(run / "tsdb", port=port, workdir=run, lookback_delta=lookback_delta).start()
+    exporter_port = exporter_port or free_port()
+    exporter = start_fake_exporter(exporter_port, run)
+    _DETACHED[exporter.pid] = exporter
+    try:
+        server = PrometheusServer(
+            run / "tsdb",
+            port=port,
+            workdir=run,
+            lookback_delta=lookback_delta,
+            scrape_jobs={EXPORTER_JOB: [f"127.0.0.1:{exporter_port}"]},
+            scrape_interval="5s",
+            rule_files=(RECORDING_RULES,),
+        ).start()
+    except BaseException:
+        _kill_group(exporter.pid, 5.0, _DETACHED.pop(exporter.pid))
+        raise
     _DETACHED[server.pid] = server.process
     state = {
         "pid": server.pid,
         "url": server.url,
+        "exporter_pid": exporter.pid,
+        "exporter_url": f"http://127.0.0.1:{exporter_port}",
         "scenario": scenario.name,
         "fingerprint": scenario.fingerprint(),
         "start": scenario.start.isoformat(),
@@ -308,9 +383,11 @@ def down(state_dir: Path) -> None:
     state_dir = Path(state_dir)
     state = _state(state_dir)
     if state:
-        process = _DETACHED.pop(state["pid"], None)
-        if _alive(state["pid"]):
-            _kill_group(state["pid"], 10.0, process)
+        for key in ("pid", "exporter_pid"):
+            pid = state.get(key)
+            process = _DETACHED.pop(pid, None)
+            if pid and _alive(pid):
+                _kill_group(pid, 10.0, process)
     (state_dir / "sandbox.json").unlink(missing_ok=True)
     shutil.rmtree(state_dir / "run", ignore_errors=True)
 
