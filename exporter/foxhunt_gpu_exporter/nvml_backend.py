@@ -2,18 +2,22 @@
 
 Deliberately absent: nvmlDeviceGetPcieThroughput, which samples for ~20 ms per direction and would make
 every poll slow. Every pynvml error is translated into backend.NvmlError with the same code.
+A GPU whose handle NVML refuses at init (GPU_IS_LOST, NO_PERMISSION, ...) keeps its index and reads as down
+until its handle can be had; only library-wide codes fail init.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pynvml
 
 from .backend import (
+    LIBRARY_CODES,
     Clocks,
     Ecc,
     ErrorCode,
@@ -39,27 +43,40 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# nvmlValueType_t -> the c_nvmlValue_t union member that holds it. UNSIGNED_SHORT (6, `usVal`) is newer than
+# some nvidia-ml-py releases the pin allows, hence the literal.
+_VALUE_MEMBERS = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    6: "usVal",
+}
+
+
 def _field_value(f: Any) -> float:
-    """One nvmlFieldValue_t's value by its valueType (a C union)."""
-    kind = f.valueType
-    if kind == pynvml.NVML_VALUE_TYPE_DOUBLE:
-        return f.value.dVal
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-        return f.value.uiVal
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
-        return f.value.ulVal
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
-        return f.value.sllVal
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
-        return f.value.siVal
-    return f.value.ullVal
+    """One nvmlFieldValue_t's value by its valueType (a C union: reading the wrong member reads garbage)."""
+    member = _VALUE_MEMBERS.get(f.valueType)
+    if member is None or not hasattr(f.value, member):  # not UNKNOWN: that would mark the whole GPU down
+        raise NvmlError(ErrorCode.NOT_SUPPORTED, f"nvmlDeviceGetFieldValues: field {f.fieldId}: type {f.valueType}")
+    return getattr(f.value, member)
+
+
+def _address(handle: Any) -> int:
+    """A device handle's pointer value (expected to be the same in event data as from GetHandleByIndex)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
 
 
 class NvmlBackend:
     def __init__(self) -> None:
-        self._handles: list[Any] = []
+        self._handles: list[Any] = []  # by NVML index; None where the handle could not be had (yet)
         self._by_address: dict[int, int] = {}  # device handle address -> index, for XID events
         self._event_set: Any = None
+        # Held for the whole nvmlEventSetWait_v2, so shutdown never frees the set (or shuts NVML down) under it.
+        self._wait_lock = threading.Lock()
+        self._wait_timeout_s = 1.0
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
@@ -67,22 +84,60 @@ class NvmlBackend:
         except pynvml.NVMLError as e:
             raise NvmlError(e.value, f"{what}: {e}") from None
 
+    def _acquire(self, i: int) -> Any:
+        h = self._call(f"nvmlDeviceGetHandleByIndex({i})", pynvml.nvmlDeviceGetHandleByIndex, i)
+        self._handles[i] = h
+        self._by_address = {**self._by_address, _address(h): i}  # replaced whole: the XID thread reads it
+        return h
+
     def _h(self, gpu: int) -> Any:
         if not 0 <= gpu < len(self._handles):
             raise NvmlError(ErrorCode.INVALID_ARGUMENT, f"no handle for GPU {gpu}")
-        return self._handles[gpu]
+        h = self._handles[gpu]
+        if h is None:  # refused at init (lost, no permission, ...): ask again; the error marks this GPU down
+            h = self._acquire(gpu)
+            log.info("GPU %d: device handle acquired", gpu)
+            if self._event_set is not None:
+                self._register_xid(gpu, h, self._event_set)
+        return h
 
     def init(self) -> None:
         self._call("nvmlInit", pynvml.nvmlInit)
-        count = self._call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
-        handles = [self._call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
-        self._handles = handles
-        self._by_address = {ctypes.cast(h, ctypes.c_void_p).value or 0: i for i, h in enumerate(handles)}
+        try:
+            count = self._call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
+            self._handles, self._by_address = [None] * count, {}
+            for i in range(count):
+                # nvmlDeviceGetCount_v2 counts every GPU, also those whose handle is then refused (NO_PERMISSION,
+                # GPU_IS_LOST, ...). One such GPU must not take the others down: it is reported down instead.
+                try:
+                    self._acquire(i)
+                except NvmlError as e:
+                    if e.code in LIBRARY_CODES:
+                        raise
+                    log.warning("GPU %d: no device handle (%s); reporting it down, asking again each poll", i, e)
+        except BaseException:
+            self._handles, self._by_address = [], {}
+            try:  # nvmlInit is reference-counted: a failed init must not leave one count behind
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+            raise
 
     def shutdown(self) -> None:
         self._handles, self._by_address = [], {}
-        self._event_set = None  # not freed: the XID thread may still be waiting on it
-        self._call("nvmlShutdown", pynvml.nvmlShutdown)
+        event_set, self._event_set = self._event_set, None  # no new wait starts on it
+        # Let a wait in progress return (it is bounded by its own timeout) before the set is freed.
+        waited = self._wait_lock.acquire(timeout=self._wait_timeout_s + 1.0)
+        try:
+            if event_set is not None and waited:
+                try:
+                    pynvml.nvmlEventSetFree(event_set)
+                except pynvml.NVMLError as e:
+                    log.debug("nvmlEventSetFree: %s", e)
+            self._call("nvmlShutdown", pynvml.nvmlShutdown)
+        finally:
+            if waited:
+                self._wait_lock.release()
 
     def driver_version(self) -> str:
         return _text(self._call("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion))
@@ -116,7 +171,15 @@ class NvmlBackend:
 
     def temperature(self, gpu: int) -> float:
         h = self._h(gpu)
-        return float(self._call("nvmlDeviceGetTemperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU))
+        try:
+            fn = pynvml.nvmlDeviceGetTemperature
+            return float(self._call("nvmlDeviceGetTemperature", fn, h, pynvml.NVML_TEMPERATURE_GPU))
+        except NvmlError as e:
+            fn = getattr(pynvml, "nvmlDeviceGetTemperatureV", None)
+            if e.code != ErrorCode.FUNCTION_NOT_FOUND or fn is None:
+                raise
+        # nvmlDeviceGetTemperature is deprecated, to be removed from the library in CUDA 14; this is its successor.
+        return float(self._call("nvmlDeviceGetTemperatureV", fn, h, pynvml.NVML_TEMPERATURE_GPU))
 
     def power(self, gpu: int) -> float:
         return self._call("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage, self._h(gpu)) / 1000.0  # mW
@@ -172,27 +235,55 @@ class NvmlBackend:
         corr, unc, pending, failed = self._call("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows, self._h(gpu))
         return RemappedRows(correctable=int(corr), uncorrectable=int(unc), pending=bool(pending), failed=bool(failed))
 
+    def _register_xid(self, i: int, h: Any, event_set: Any) -> bool:
+        try:
+            self._call("nvmlDeviceRegisterEvents", pynvml.nvmlDeviceRegisterEvents, h,
+                       pynvml.nvmlEventTypeXidCriticalError, event_set)  # fmt: skip
+            return True
+        except NvmlError as e:  # e.g. NOT_SUPPORTED on some boards: that GPU has no XID events
+            log.warning("XID events not available for GPU %d: %s", i, e)
+            return False
+
     def register_xid_events(self) -> None:
         event_set = self._call("nvmlEventSetCreate", pynvml.nvmlEventSetCreate)
         registered = 0
         for i, h in enumerate(self._handles):
-            try:
-                self._call("nvmlDeviceRegisterEvents", pynvml.nvmlDeviceRegisterEvents, h,
-                           pynvml.nvmlEventTypeXidCriticalError, event_set)  # fmt: skip
-                registered += 1
-            except NvmlError as e:  # e.g. NOT_SUPPORTED on some boards: that GPU has no XID events
-                log.warning("XID events not available for GPU %d: %s", i, e)
-        self._event_set = event_set if registered else None
+            if h is not None:  # a GPU without a handle yet is registered when its handle is acquired
+                registered += self._register_xid(i, h, event_set)
+        if registered or any(h is None for h in self._handles):
+            self._event_set = event_set
+            return
+        try:
+            pynvml.nvmlEventSetFree(event_set)
+        except pynvml.NVMLError:
+            pass
+        self._event_set = None
 
     def wait_xid_event(self, timeout_s: float) -> XidEvent | None:
-        event_set = self._event_set
-        if event_set is None:
-            raise NvmlError(ErrorCode.UNINITIALIZED, "nvmlEventSetWait_v2: no event set registered")
+        self._wait_timeout_s = timeout_s
+        with self._wait_lock:
+            event_set = self._event_set
+            if event_set is None:
+                raise NvmlError(ErrorCode.UNINITIALIZED, "nvmlEventSetWait_v2: no event set registered")
+            try:  # timeout in ms; at least 1, as 0 need not mean "do not wait"
+                data = pynvml.nvmlEventSetWait_v2(event_set, max(1, int(timeout_s * 1000)))
+            except pynvml.NVMLError as e:
+                if e.value == pynvml.NVML_ERROR_TIMEOUT:
+                    return None
+                raise NvmlError(e.value, f"nvmlEventSetWait_v2: {e}") from None
+        if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+            return None  # only XIDs are registered; any other event's eventData is 0, not an XID
+        return XidEvent(gpu=self._event_gpu(data.device), xid=int(data.eventData))
+
+    def _event_gpu(self, device: Any) -> int:
+        """The index of an event's device: by handle address, else (address not seen) by asking NVML."""
+        address = _address(device)
+        gpu = self._by_address.get(address)
+        if gpu is not None:
+            return gpu
+        if not address:
+            return -1
         try:
-            data = pynvml.nvmlEventSetWait_v2(event_set, int(timeout_s * 1000))
-        except pynvml.NVMLError as e:
-            if e.value == pynvml.NVML_ERROR_TIMEOUT:
-                return None
-            raise NvmlError(e.value, f"nvmlEventSetWait_v2: {e}") from None
-        gpu = self._by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0, -1)
-        return XidEvent(gpu=gpu, xid=int(data.eventData))
+            return int(pynvml.nvmlDeviceGetIndex(device))
+        except pynvml.NVMLError:
+            return -1

@@ -8,31 +8,45 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import threading
+import time
 from types import SimpleNamespace
 
 import pynvml
 import pytest
 from foxhunt_gpu_exporter import nvml_backend
+from foxhunt_gpu_exporter.app import Exporter
 from foxhunt_gpu_exporter.backend import ErrorCode, NvmlError
 from foxhunt_gpu_exporter.nvml_backend import ALL_LINKS, NvmlBackend
+from foxhunt_gpu_exporter.poller import Poller
 
 
 def handle(i: int):
     return ctypes.cast(ctypes.c_void_p(0x1000 + i), pynvml.c_nvmlDevice_t)
 
 
-def field(field_id: int, value: int, ret: int = pynvml.NVML_SUCCESS):
+def field(field_id: int, value: int, ret: int = pynvml.NVML_SUCCESS, kind: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG):
     f = pynvml.c_nvmlFieldValue_t()
-    f.fieldId, f.scopeId, f.nvmlReturn = field_id, ALL_LINKS, ret
-    f.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-    f.value.ullVal = value
+    f.fieldId, f.scopeId, f.nvmlReturn, f.valueType = field_id, ALL_LINKS, ret, kind
+    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+        f.value.ullVal = value
+    elif kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+        f.value.uiVal = value
+    else:
+        f.value.ullVal = 0xDEAD_0000_0000_0000 | value  # junk above a 16-bit member: read as usVal it is `value`
     return f
+
+
+def xid_event(device, xid: int, event_type: int = pynvml.nvmlEventTypeXidCriticalError):
+    data = pynvml.c_nvmlEventData_t()  # what nvmlEventSetWait_v2 returns (pynvml.py: c_nvmlEventData_t)
+    data.device, data.eventType, data.eventData = device, event_type, xid
+    return data
 
 
 @pytest.fixture
 def fake_nvml(monkeypatch):
     calls: dict[str, list] = {}
-    nvlink = {"ret": pynvml.NVML_SUCCESS}
+    nvlink = {"ret": pynvml.NVML_SUCCESS, "kind": pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG}
 
     def patch(name, fn):
         def recorded(*args, **kwargs):
@@ -52,14 +66,14 @@ def fake_nvml(monkeypatch):
     def fields(h, ids):
         assert [tuple(i) for i in ids] == [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
                                            (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS)]  # fmt: skip
-        return [field(ids[0][0], 1000, nvlink["ret"]), field(ids[1][0], 2000, nvlink["ret"])]
+        return [field(ids[0][0], 1000, nvlink["ret"], nvlink["kind"]), field(ids[1][0], 2000, nvlink["ret"], nvlink["kind"])]
 
     def wait(event_set, timeout_ms):  # one XID 79 on GPU 1, then timeouts
         waits = calls.setdefault("waits", [])
         waits.append(timeout_ms)
         if len(waits) > 1:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-        return SimpleNamespace(device=handle(1), eventData=79)
+        return xid_event(handle(1), 79)
 
     patch("nvmlInit", lambda: None)
     patch("nvmlShutdown", lambda: None)
@@ -82,6 +96,8 @@ def fake_nvml(monkeypatch):
     patch("nvmlDeviceGetRemappedRows", lambda h: (2, 1, 1, 0))
     patch("nvmlEventSetCreate", lambda: object())
     patch("nvmlDeviceRegisterEvents", lambda h, types, es: None)
+    patch("nvmlEventSetFree", lambda es: None)
+    patch("nvmlDeviceGetIndex", lambda h: ctypes.cast(h, ctypes.c_void_p).value - 0x1000)
     monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", wait)
     backend = NvmlBackend()
     backend.init()
@@ -158,3 +174,136 @@ def test_xid_event_maps_the_device_handle_to_its_index(fake_nvml):
     event = nvml.wait_xid_event(0.5)
     assert (event.gpu, event.xid) == (1, 79) and calls["waits"] == [500]
     assert nvml.wait_xid_event(0.5) is None  # NVML_ERROR_TIMEOUT is "no event", not an error
+
+
+def test_nvlink_reads_the_union_member_its_value_type_names(fake_nvml):
+    nvml, _, nvlink = fake_nvml
+    nvlink["kind"] = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    assert nvml.nvlink(0).rx_bytes == 1000 * 1024
+    nvlink["kind"] = 6  # NVML_VALUE_TYPE_UNSIGNED_SHORT: `usVal`, not the 8-byte `ullVal` around it
+    assert nvml.nvlink(0).tx_bytes == 2000 * 1024
+    nvlink["kind"] = 99  # a type this code does not know: not a number to guess at, and not "GPU down"
+    with pytest.raises(NvmlError) as e:
+        nvml.nvlink(0)
+    assert e.value.code == ErrorCode.NOT_SUPPORTED
+
+
+def test_temperature_falls_back_to_the_versioned_call_once_the_old_one_is_gone(fake_nvml, monkeypatch):
+    nvml, _, _ = fake_nvml
+
+    def missing(h, sensor):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperature", missing)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperatureV", lambda h, sensor: 58)
+    assert nvml.temperature(0) == 58
+
+
+def test_a_refused_device_handle_marks_that_gpu_down_not_nvml(fake_nvml, monkeypatch):
+    _, calls, _ = fake_nvml
+    refuse = {1: pynvml.NVML_ERROR_GPU_IS_LOST}
+
+    def get_handle(i):
+        if i in refuse:
+            raise pynvml.NVMLError(refuse[i])
+        return handle(i)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", get_handle)
+    poller = Poller(NvmlBackend(), hostname="node")
+    snap = poller.poll_once()
+    assert snap.nvml_up and [g.up for g in snap.gpus] == [True, False]
+    registered = len(calls["nvmlDeviceRegisterEvents"])
+    del refuse[1]  # the GPU answers again: its handle is fetched, it is up and registered for XIDs
+    snap = poller.poll_once()
+    assert [g.up for g in snap.gpus] == [True, True] and snap.gpus[1].identity.uuid == "GPU-abc"
+    assert len(calls["nvmlDeviceRegisterEvents"]) == registered + 1
+    assert poller.backend._event_gpu(handle(1)) == 1
+
+
+def test_a_failed_init_releases_its_nvml_reference(fake_nvml, monkeypatch):
+    _, calls, _ = fake_nvml
+    shutdowns = len(calls.get("nvmlShutdown", []))
+
+    def no_handle(i):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", no_handle)  # library-wide: init fails
+    backend = NvmlBackend()
+    with pytest.raises(NvmlError) as e:
+        backend.init()
+    assert e.value.code == ErrorCode.LIB_RM_VERSION_MISMATCH and backend.device_count() == 0
+    assert len(calls["nvmlShutdown"]) == shutdowns + 1  # nvmlInit counts references
+
+
+def test_xid_event_type_unknown_device_and_timeout_floor(fake_nvml, monkeypatch):
+    nvml, _, _ = fake_nvml
+    nvml.register_xid_events()
+    answers = [
+        xid_event(handle(1), 0, event_type=pynvml.nvmlEventTypePState),  # not an XID: eventData is 0
+        xid_event(handle(7), 48),  # an address not seen at init: NVML is asked for its index
+        xid_event(ctypes.cast(None, pynvml.c_nvmlDevice_t), 79),  # no device
+    ]
+    timeouts = []
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", lambda es, ms: timeouts.append(ms) or answers.pop(0))
+    assert nvml.wait_xid_event(0.0001) is None and timeouts == [1]  # 0 ms need not mean "return at once"
+    event = nvml.wait_xid_event(1)
+    assert (event.gpu, event.xid) == (7, 48)
+    event = nvml.wait_xid_event(1)
+    assert (event.gpu, event.xid) == (-1, 79)
+
+
+def test_shutdown_waits_for_the_event_wait_then_frees_the_set_before_nvml(fake_nvml, monkeypatch):
+    nvml, calls, _ = fake_nvml
+    nvml.register_xid_events()
+    order, entered, release = [], threading.Event(), threading.Event()
+
+    def wait(event_set, timeout_ms):
+        entered.set()
+        release.wait(5)
+        order.append("wait returned")
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", wait)
+    monkeypatch.setattr(pynvml, "nvmlEventSetFree", lambda es: order.append("free"))
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: order.append("shutdown"))
+    waiter = threading.Thread(target=nvml.wait_xid_event, args=(1.0,))
+    waiter.start()
+    assert entered.wait(5)
+    closer = threading.Thread(target=nvml.shutdown)
+    closer.start()
+    closer.join(0.2)
+    assert order == []  # NVML is not shut down under a wait in progress
+    release.set()
+    waiter.join(5)
+    closer.join(5)
+    assert order == ["wait returned", "free", "shutdown"]
+    with pytest.raises(NvmlError) as e:
+        nvml.wait_xid_event(0.01)
+    assert e.value.code == ErrorCode.UNINITIALIZED  # the XID thread's "mid re-init: wait" answer
+
+
+def test_field_values_are_read_on_the_poller_thread_only(fake_nvml, monkeypatch):
+    _, _, _ = fake_nvml
+    threads = set()
+    fields = pynvml.nvmlDeviceGetFieldValues
+
+    def recorded(h, ids):
+        threads.add(threading.current_thread().name)
+        return fields(h, ids)
+
+    def wait(event_set, timeout_ms):
+        time.sleep(timeout_ms / 1000)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", recorded)
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", wait)
+    exporter = Exporter(NvmlBackend(), interval=0.02, xid_timeout_s=0.02, stuck_after=60, on_stuck=lambda: None)
+    exporter.start()
+    try:
+        deadline = time.monotonic() + 5
+        while exporter.poller.version < 3 and time.monotonic() < deadline:
+            exporter.exposition.render("")  # scrapes, on this thread, meanwhile
+            time.sleep(0.01)
+    finally:
+        exporter.stop()
+    assert exporter.poller.version >= 3 and threads == {"foxhunt-poller"}

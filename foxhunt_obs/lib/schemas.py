@@ -110,4 +110,87 @@ GPU_HOURLY = TableSpec(
     ),
 )
 
-TABLES: dict[str, TableSpec] = {t.name: t for t in (GPU_SAMPLES, NODE_SAMPLES, GPU_HOURLY)}
+TRAINING_RUNS = TableSpec(
+    name="training_runs",
+    partition="snapshot",  # one partition, "current": the table is a snapshot, replaced whole each time
+    doc="One row per MLflow run (deleted ones too): ids, experiment, status, times, params and tags.",
+    schema=pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("experiment_id", pa.string()),
+            ("mlflow_experiment", pa.string()),  # MLflow's experiment name
+            ("experiment", pa.string()),  # the join key to gpu_samples: tag `experiment`, else the above
+            ("run_name", pa.string()),
+            ("status", pa.string()),  # RUNNING / SCHEDULED / FINISHED / FAILED / KILLED
+            ("deleted", pa.bool_()),
+            ("start_time", TS),
+            ("end_time", TS),
+            ("duration_seconds", pa.float64()),
+            ("user", pa.string()),
+            ("params", pa.string()),  # JSON object
+            ("tags", pa.string()),  # JSON object
+            ("pod", pa.string()),  # tag `pod` (joins gpu_samples.pod) or ''
+            ("namespace", pa.string()),
+            ("metric_keys", pa.string()),  # JSON list
+            ("last_metric_time", TS),
+            ("history_status", pa.string()),  # the status the stored history was read at
+            ("history_points", pa.int64()),
+            ("synced_at", TS),
+        ]
+    ),
+)
+
+TRAINING_HISTORY = TableSpec(
+    name="training_history",
+    partition="run",
+    doc="Every metric point of one MLflow run: the incremental cache training_metrics is cut from.",
+    schema=pa.schema(
+        [("run_id", pa.string()), ("key", pa.string()), ("step", pa.int64()), ("ts", TS), ("value", pa.float64())]
+    ),
+)
+
+TRAINING_METRICS = TableSpec(
+    name="training_metrics",
+    partition="day",
+    doc="MLflow metric points by day of their timestamp; NaN and ±Inf kept.",
+    schema=TRAINING_HISTORY.schema,
+)
+
+TRAINING_HEALTH = TableSpec(
+    name="training_health",
+    partition="day",
+    doc="Per run and day: success trend, NaN/Inf losses, entropy collapse, bottleneck, accuracy band, stall.",
+    schema=pa.schema(
+        [
+            ("day", pa.date32()),
+            ("run_id", pa.string()),
+            ("run_name", pa.string()),
+            ("experiment", pa.string()),
+            ("status", pa.string()),
+            ("deleted", pa.bool_()),
+            ("pod", pa.string()),
+            ("points", pa.int64()),
+            ("success_rate_last", pa.float64()),
+            ("success_rate_best", pa.float64()),  # best up to the end of the day
+            ("success_rate_trend_per_hour", pa.float64()),
+            ("success_drop", pa.bool_()),
+            ("loss_nonfinite", pa.int64()),  # NaN or ±Inf values of actor/loss
+            ("entropy_last", pa.float64()),
+            ("entropy_slope_per_hour", pa.float64()),
+            ("entropy_collapse", pa.bool_()),
+            ("rollout_share", pa.float64()),  # timing/generate / timing/total
+            ("update_share", pa.float64()),  # timing/update / timing/total
+            ("bottleneck", pa.string()),  # rollout / update / ''
+            ("accuracy_out_of_band_points", pa.int64()),
+            ("accuracy_out_of_band", pa.bool_()),
+            ("last_metric_time", TS),
+            ("minutes_since_last_metric", pa.float64()),
+            ("stalled", pa.bool_()),
+        ]
+    ),
+)
+
+TABLES: dict[str, TableSpec] = {
+    t.name: t
+    for t in (GPU_SAMPLES, NODE_SAMPLES, GPU_HOURLY, TRAINING_RUNS, TRAINING_HISTORY, TRAINING_METRICS, TRAINING_HEALTH)
+}

@@ -6,7 +6,7 @@ import dagster as dg
 import duckdb
 import pyarrow as pa
 
-from foxhunt_obs.defs.gpu.partitions import DAILY, HOURLY, days_of, hours_of
+from foxhunt_obs.defs.partitions import DAILY, HOURLY, days_of, hours_of
 from foxhunt_obs.defs.resources import LakeResource, PrometheusResource
 from foxhunt_obs.lib.analysis.catalog import load_catalog
 from foxhunt_obs.lib.analysis.gpu_hourly import build_gpu_hourly, hour_key

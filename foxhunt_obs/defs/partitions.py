@@ -1,4 +1,4 @@
-"""Time partitions shared by the GPU assets (UTC; the first partition is FOXHUNT_PARTITIONS_START)."""
+"""Time partitions shared by the assets (UTC; the first partition is FOXHUNT_PARTITIONS_START)."""
 
 from datetime import datetime, timedelta
 
