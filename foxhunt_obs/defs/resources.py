@@ -33,6 +33,25 @@ class PrometheusResource(dg.ConfigurableResource):
         return client
 
 
+class MlflowResource(dg.ConfigurableResource):
+    """MLflow; tracking_uri defaults to MLFLOW_TRACKING_URI, the experiment filter and the optional
+    backend-store fast path to FOXHUNT_MLFLOW_EXPERIMENTS and FOXHUNT_MLFLOW_BACKEND_STORE_URI."""
+
+    tracking_uri: str | None = None
+
+    def source(self):
+        from foxhunt_obs.lib.sources.mlflow import MlflowSource
+
+        names = [x.strip() for x in env("FOXHUNT_MLFLOW_EXPERIMENTS").split(",") if x.strip()]
+        return MlflowSource(
+            self.tracking_uri or env("MLFLOW_TRACKING_URI"),
+            experiments=names or None,
+            backend_store_uri=env("FOXHUNT_MLFLOW_BACKEND_STORE_URI") or None,
+        )
+
+
 @dg.definitions
 def resources() -> dg.Definitions:
-    return dg.Definitions(resources={"lake": LakeResource(), "prometheus": PrometheusResource()})
+    return dg.Definitions(
+        resources={"lake": LakeResource(), "prometheus": PrometheusResource(), "mlflow": MlflowResource()}
+    )

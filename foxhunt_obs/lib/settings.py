@@ -36,6 +36,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FOXHUNT_PROMETHEUS_TIMEOUT", "120", "Seconds before one Prometheus request gives up"),
     Setting("FOXHUNT_PROMETHEUS_MAX_POINTS", "11000", "Most points per series in one query_range request"),
     Setting("FOXHUNT_PROMETHEUS_BEARER_TOKEN", "", "Bearer token for Prometheus (never logged)"),
+    Setting("MLFLOW_TRACKING_URI", "http://127.0.0.1:15000", "MLflow tracking server (MLflow's own variable)"),
+    Setting("FOXHUNT_MLFLOW_EXPERIMENTS", "", "Comma-separated MLflow experiment names to ingest (empty: all)"),
+    Setting(
+        "FOXHUNT_MLFLOW_BACKEND_STORE_URI",
+        "",
+        "Read MLflow's SQL store directly (a read replica: sqlite:///… or postgresql://…): the fast path",
+    ),
 )
 
 _DEFAULTS = {s.env: s.default for s in SETTINGS}

@@ -16,6 +16,25 @@ YAML layout (see scenarios/small.yaml for a commented example)::
     incidents:    [{kind: stall, pod, start_h, minutes}
                    {kind: ecc_sbe | ecc_dbe, node, gpu, start_h, minutes, count}
                    {kind: node_lost, node, start_h, minutes}]
+    training:                                                             # optional: MLflow runs
+      steps_per_hour: 12            # logging cadence: 3600 / steps_per_hour s, a multiple of the scrape
+      runs:         [{name, experiment, algo: PPO|DQN, fold, pod?, start_h?, end_h?,
+                      status: FINISHED|FAILED|KILLED|RUNNING, deleted?: false}]
+      incidents:    [{kind: nan_loss, run, at_h, steps}        # `steps` logged steps bad: NaN.., last +Inf
+                     {kind: entropy_collapse, run, at_h}       # actor/entropy ~0.01 from at_h on
+                     {kind: success_drop, run, at_h}           # success_rate falls to 40 % and stays
+                     {kind: stall, run, at_h}]                 # a RUNNING run logs nothing from at_h on
+
+The ``training`` block describes MLflow runs (``training.py`` writes them into a real MLflow store).
+A run's ``experiment`` must be a scenario experiment (it becomes the MLflow experiment name). A run with a
+``pod`` inherits the pod's start_h/end_h unless given and must lie within the pod's lifetime; a run
+without one (a workstation, another cluster) must give start_h and, unless RUNNING, end_h. A run logs
+every metric at start + k * (3600 / steps_per_hour) for every such time before its end (exclusive), so
+start_h, end_h and every at_h must sit on that logging grid. A RUNNING run has no end time in MLflow: it
+logs until the scenario ends, or until its ``stall``; one that ends earlier (its pod ends) must carry a
+stall at or before that end (the trainer died and never terminated its run). A GPU ``stall`` incident
+on a run's pod pauses that run's logging for the stall's window (a hung trainer logs nothing); training
+incidents may not fall into such a pause. ``deleted: true`` deletes the run after it is logged.
 """
 
 from __future__ import annotations
@@ -33,6 +52,9 @@ import yaml
 GENERATOR_VERSION = "1"
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 INCIDENT_KINDS = ("stall", "ecc_sbe", "ecc_dbe", "node_lost")
+TRAINING_INCIDENT_KINDS = ("nan_loss", "entropy_collapse", "success_drop", "stall")
+RUN_STATUSES = ("FINISHED", "FAILED", "KILLED", "RUNNING")
+ALGOS = ("PPO", "DQN")
 
 _NODE_DEFAULTS = {
     "instance_type": "p4de.24xlarge",
@@ -42,6 +64,14 @@ _NODE_DEFAULTS = {
     "cpus": 4,  # node_exporter CPUs written; a real p4de has 96, 4 keeps the files small
     "mem_gib": 1152,
 }
+
+
+def _h(offset_s: int) -> str:
+    """An offset for messages: "4.5h" on quarter hours, else "H:MM" ("2:40") or "H:MM:SS"."""
+    if offset_s % 900 == 0:
+        return f"{offset_s / 3600:g}h"
+    h, rest = divmod(offset_s, 3600)
+    return f"{h}:{rest // 60:02d}" + (f":{rest % 60:02d}" if rest % 60 else "")
 
 
 class ScenarioError(ValueError):
@@ -105,6 +135,53 @@ class Incident:
 
 
 @dataclass(frozen=True)
+class TrainingRun:
+    """An MLflow run. [start, end) is its logging window (end exclusive); for a non-RUNNING run ``end`` is
+    also its MLflow end time, a RUNNING run has none (``end`` is then where its logging window closes)."""
+
+    name: str
+    index: int  # position in the file: part of every random seed of this run
+    experiment: str
+    namespace: str
+    algo: str  # one of ALGOS
+    fold: int
+    pod: str | None  # None: logged from outside the cluster
+    status: str  # one of RUN_STATUSES
+    deleted: bool
+    start: datetime
+    end: datetime
+    start_s: int  # offsets from the scenario start, seconds
+    end_s: int
+
+
+@dataclass(frozen=True)
+class TrainingIncident:
+    kind: str  # one of TRAINING_INCIDENT_KINDS
+    run: str
+    at: datetime
+    at_s: int
+    steps: int = 0  # nan_loss: consecutive logged steps with a bad actor/loss
+
+
+@dataclass(frozen=True)
+class Training:
+    steps_per_hour: int
+    runs: tuple[TrainingRun, ...]
+    incidents: tuple[TrainingIncident, ...]
+
+    @property
+    def interval_s(self) -> int:
+        """Seconds between two logged steps of a run."""
+        return 3600 // self.steps_per_hour
+
+    def run(self, name: str) -> TrainingRun:
+        for r in self.runs:
+            if r.name == name:
+                return r
+        raise KeyError(f"no training run {name!r}")
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     start: datetime
@@ -116,6 +193,7 @@ class Scenario:
     pods: tuple[Pod, ...]
     incidents: tuple[Incident, ...]
     source: str = field(default="", repr=False, compare=False)  # the YAML text, for the fingerprint
+    training: Training | None = None  # the optional `training:` block (MLflow runs)
 
     @property
     def end(self) -> datetime:
@@ -203,7 +281,7 @@ class _Parser:
             raw,
             "top level",
             {"name", "start", "hours", "scrape_interval_s", "seed", "nodes", "experiments", "pods"},
-            {"node_defaults", "incidents", "description"},
+            {"node_defaults", "incidents", "description", "training"},
         )
         start = top["start"]
         if isinstance(start, str):
@@ -233,6 +311,8 @@ class _Parser:
         self.pods = {p.name: p for p in pods}
         incidents = tuple(self.incident(i, d) for i, d in enumerate(top.get("incidents") or []))
         self.check_outages(pods, incidents)
+        self.gpu_incidents = incidents
+        training = self.training(top["training"]) if top.get("training") is not None else None
         return Scenario(
             name=str(top["name"]),
             start=start,
@@ -244,6 +324,7 @@ class _Parser:
             pods=pods,
             incidents=incidents,
             source=source,
+            training=training,
         )
 
     def unique(self, items, kind: str) -> None:
@@ -376,3 +457,191 @@ class _Parser:
                     and lost.start_s < i.end_s
                 ):
                     raise self.fail(f"{i.kind} on {i.node}", "falls inside the node's outage")
+
+    # ---- the optional training: block (MLflow runs) ----
+
+    def training(self, d: Any) -> Training:
+        d = self.fields(d, "training", {"steps_per_hour", "runs"}, {"incidents"})
+        sph = d["steps_per_hour"]
+        if not isinstance(sph, int) or isinstance(sph, bool) or sph <= 0 or 3600 % sph:
+            raise self.fail(
+                "training.steps_per_hour", f"{sph!r} must be a positive whole number dividing 3600"
+            )
+        self.sph, self.log_step = sph, 3600 // sph
+        if self.log_step % self.step:
+            raise self.fail(
+                "training.steps_per_hour",
+                f"{sph} logs every {self.log_step} s, not a multiple of the {self.step} s scrape interval",
+            )
+        if not isinstance(d["runs"], list) or not d["runs"]:
+            raise self.fail("training.runs", "expected a non-empty list of runs")
+        runs = tuple(self.training_run(i, r) for i, r in enumerate(d["runs"]))
+        self.unique(runs, "training run")
+        self.runs = {r.name: r for r in runs}
+        raw = d.get("incidents") or []
+        if not isinstance(raw, list):
+            raise self.fail("training.incidents", "expected a list")
+        incidents = tuple(self.training_incident(i, x) for i, x in enumerate(raw))
+        self.check_training(runs, incidents)
+        return Training(steps_per_hour=sph, runs=runs, incidents=incidents)
+
+    def log_offset(self, value: Any, where: str, what: str) -> int:
+        s = self.offset(value, 3600, where, what)
+        if s % self.log_step:
+            raise self.fail(
+                where,
+                f"{what}={value} is not on the {self.log_step} s logging grid "
+                f"(training.steps_per_hour: {self.sph})",
+            )
+        return s
+
+    def pauses(self, pod: str | None) -> list[tuple[int, int]]:
+        """GPU stall windows of a pod: its run logs nothing while the trainer hangs."""
+        return [
+            (i.start_s, i.end_s) for i in self.gpu_incidents if i.kind == "stall" and pod and i.pod == pod
+        ]
+
+    def training_run(self, i: int, d: Any) -> TrainingRun:
+        where = f"training.runs[{i}]" + (f" ({d.get('name')!r})" if isinstance(d, dict) else "")
+        d = self.fields(
+            d, where, {"name", "experiment", "algo", "fold", "status"}, {"pod", "start_h", "end_h", "deleted"}
+        )
+        exp = self.known(self.experiments, d["experiment"], "experiment", where)
+        if d["algo"] not in ALGOS:
+            raise self.fail(where, f"algo must be one of {', '.join(ALGOS)}, got {d['algo']!r}")
+        if d["status"] not in RUN_STATUSES:
+            raise self.fail(where, f"status must be one of {', '.join(RUN_STATUSES)}, got {d['status']!r}")
+        fold = d["fold"]
+        if not isinstance(fold, int) or isinstance(fold, bool) or fold < 0:
+            raise self.fail(where, f"fold must be a whole number >= 0, got {fold!r}")
+        deleted = d.get("deleted", False)
+        if not isinstance(deleted, bool):
+            raise self.fail(where, f"deleted must be true or false, got {deleted!r}")
+        pod = None
+        if d.get("pod") is not None:
+            pod = self.known(self.pods, d["pod"], "pod", where)
+            if pod.experiment != exp.name:
+                raise self.fail(
+                    where, f"pod {pod.name!r} runs experiment {pod.experiment!r}, not {exp.name!r}"
+                )
+
+        def inherited(key: str, offset_s: int) -> int:
+            if offset_s % self.log_step:
+                raise self.fail(
+                    where,
+                    f"{key} inherited from pod {pod.name!r} ({_h(offset_s)}) is not on the "
+                    f"{self.log_step} s logging grid: give {key}",
+                )
+            return offset_s
+
+        if "start_h" in d:
+            s = self.log_offset(d["start_h"], where, "start_h")
+        elif pod:
+            s = inherited("start_h", pod.start_s)
+        else:
+            raise self.fail(where, "a run without a pod needs start_h")
+        if "end_h" in d:
+            e = self.log_offset(d["end_h"], where, "end_h")
+        elif pod:
+            e = inherited("end_h", pod.end_s)
+        elif d["status"] == "RUNNING":
+            e = self.hours * 3600
+        else:
+            raise self.fail(where, "a run without a pod needs end_h (only a RUNNING one may leave it out)")
+        if not 0 <= s < e <= self.hours * 3600:
+            raise self.fail(where, f"window {_h(s)}..{_h(e)} is empty or outside 0..{self.hours}h")
+        if pod and not pod.start_s <= s < e <= pod.end_s:
+            raise self.fail(
+                where,
+                f"window {_h(s)}..{_h(e)} must lie within the lifetime of pod {pod.name!r} "
+                f"({_h(pod.start_s)}..{_h(pod.end_s)})",
+            )
+        return TrainingRun(
+            name=str(d["name"]),
+            index=i,
+            experiment=exp.name,
+            namespace=exp.namespace,
+            algo=d["algo"],
+            fold=fold,
+            pod=pod.name if pod else None,
+            status=d["status"],
+            deleted=deleted,
+            start=self.at(s),
+            end=self.at(e),
+            start_s=s,
+            end_s=e,
+        )
+
+    def training_incident(self, i: int, d: Any) -> TrainingIncident:
+        kind = d.get("kind") if isinstance(d, dict) else None
+        where = f"training.incidents[{i}] ({kind})"
+        if kind not in TRAINING_INCIDENT_KINDS:
+            raise self.fail(where, f"kind must be one of {', '.join(TRAINING_INCIDENT_KINDS)}")
+        d = self.fields(d, where, {"kind", "run", "at_h"} | ({"steps"} if kind == "nan_loss" else set()))
+        run = self.known(self.runs, d["run"], "run", where)
+        at = self.log_offset(d["at_h"], where, "at_h")
+        span = f"{_h(run.start_s)}..{_h(run.end_s)}"
+        steps = 0
+        if kind == "stall":
+            if run.status != "RUNNING":
+                raise self.fail(where, f"a stall needs a RUNNING run; {run.name!r} is {run.status}")
+            if not run.start_s < at <= run.end_s:
+                raise self.fail(
+                    where, f"at_h={d['at_h']} must be after the run's start and by its end ({span})"
+                )
+        elif not run.start_s < at < run.end_s:
+            raise self.fail(where, f"at_h={d['at_h']} must fall strictly inside run {run.name!r} ({span})")
+        last = at  # the incident's last affected log time (inclusive)
+        if kind == "nan_loss":
+            steps = d["steps"]
+            if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
+                raise self.fail(
+                    where, f"steps must be a whole number >= 2 (NaN first, +Inf last), got {steps!r}"
+                )
+            last = at + (steps - 1) * self.log_step
+            if last >= run.end_s:
+                raise self.fail(
+                    where, f"{steps} bad steps from at_h={d['at_h']} run past the run's end ({span})"
+                )
+        for ps, pe in self.pauses(run.pod):
+            if at < pe and ps <= last:
+                raise self.fail(
+                    where,
+                    f"falls into the GPU stall of pod {run.pod!r} ({_h(ps)}..{_h(pe)}), when the run logs nothing",
+                )
+        return TrainingIncident(kind=kind, run=run.name, at=self.at(at), at_s=at, steps=steps)
+
+    def check_training(self, runs: tuple[TrainingRun, ...], incidents: tuple[TrainingIncident, ...]) -> None:
+        seen = set()
+        for inc in incidents:
+            if (inc.kind, inc.run) in seen:
+                raise self.fail(f"training run {inc.run!r}", f"has two {inc.kind} incidents")
+            seen.add((inc.kind, inc.run))
+        stall = {i.run: i.at_s for i in incidents if i.kind == "stall"}
+        for inc in incidents:
+            last = inc.at_s + max(inc.steps - 1, 0) * self.log_step
+            if inc.kind != "stall" and inc.run in stall and last >= stall[inc.run]:
+                raise self.fail(
+                    f"training run {inc.run!r}",
+                    f"its {inc.kind} at {_h(inc.at_s)} falls after its stall at "
+                    f"{_h(stall[inc.run])}, when it logs nothing",
+                )
+        for r in runs:
+            if (
+                r.status == "RUNNING"
+                and r.end_s < self.hours * 3600
+                and stall.get(r.name, r.end_s + 1) > r.end_s
+            ):
+                raise self.fail(
+                    f"training run {r.name!r}",
+                    f"a RUNNING run logs until the scenario ends ({self.hours}h) but this one's window ends at "
+                    f"{_h(r.end_s)}: give it a stall at or before then, or another status",
+                )
+            stop = stall.get(r.name, r.end_s)
+            logged = sum(
+                1
+                for t in range(r.start_s, stop, self.log_step)
+                if not any(ps <= t < pe for ps, pe in self.pauses(r.pod))
+            )
+            if not logged:
+                raise self.fail(f"training run {r.name!r}", "logs no step at all")

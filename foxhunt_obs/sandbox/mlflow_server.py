@@ -1,0 +1,265 @@
+"""A real MLflow tracking server holding a scenario's training runs (DESIGN §4 MLflow, §7, §8).
+
+``MlflowServer`` runs ``python -m mlflow server`` (the venv's own interpreter) on a SQLite store on
+127.0.0.1, in its own process group: mlflow forks a uvicorn worker that outlives a plain kill of the
+parent, so ``stop()`` takes the whole group down. ``build_store`` logs the scenario into a fresh store once
+per scenario fingerprint (``training.log_scenario``) and caches it; servers run on a copy
+(``copy_store``), since the server writes into its store. ``up_mlflow``/``down_mlflow``/``mlflow_status``
+keep one detached server per state directory for the demo and the CLI.
+
+Measured here (2 cores, mlflow 3.17.2, ``--workers 1``): ready in ~11 s; two processes (the ``mlflow
+server`` parent and one uvicorn worker), ~290 MB RSS each, ~0.58 GB for the group.
+
+The cached store lives in ``<cache_root>/<name>-<fingerprint[:12]>-mlflow/``, a sibling of the
+Prometheus TSDB's ``<name>-<fingerprint[:12]>/`` rather than inside it: ``build_tsdb`` treats that folder
+as its own and replaces it whole when its COMPLETE marker is missing, which would wipe an MLflow store
+built there first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from foxhunt_obs.sandbox.prometheus import COMPLETE, SandboxError, _alive, _kill_group, _tail, free_port
+from foxhunt_obs.sandbox.scenario import Scenario, load_scenario
+from foxhunt_obs.sandbox.training import log_scenario
+
+RUN_IDS = "run_ids.json"
+STATE_FILE = "mlflow.json"
+
+
+def _healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _group_stats(pgid: int) -> dict[int, list[str]]:
+    """pid -> /proc/<pid>/stat fields after the name (state ppid pgrp ...) of every live process in
+    the group."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out[int(stat.parent.name)] = fields
+    return out
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (not zombie) processes of the group, e.g. the server and its uvicorn worker."""
+    return sorted(_group_stats(pgid))
+
+
+def group_rss_bytes(pgid: int) -> int:
+    """Resident memory of every process in the group, summed (Linux /proc)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return sum(int(f[21]) * page for f in _group_stats(pgid).values())  # rss: field 24 of stat
+
+
+class MlflowServer:
+    """``mlflow server`` on the SQLite store in ``store_dir`` (``mlflow.db``, ``artifacts/``), listening on
+    127.0.0.1 only, one worker, job execution off. Logs to ``workdir/mlflow.log``."""
+
+    def __init__(self, store_dir: Path, port: int = 0, workdir: Path | None = None):
+        self.store_dir = Path(store_dir).resolve()
+        self.port = port
+        self.workdir = Path(workdir) if workdir else None
+        self.process: subprocess.Popen | None = None
+        self.started_in: float | None = None  # seconds from Popen to a healthy /health
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "mlflow.log"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--backend-store-uri",
+            f"sqlite:///{self.store_dir / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(self.store_dir / "artifacts"),
+            "--workers",
+            "1",
+        ]
+
+    def start(self, timeout: float = 60.0) -> MlflowServer:
+        if self.process:
+            raise SandboxError("MLflow server already started")
+        self.workdir = self.workdir or Path(tempfile.mkdtemp(prefix="foxhunt-mlflow-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        t0 = time.monotonic()
+        with self.log_path.open("ab") as log:
+            # own process group, so stop() can take the uvicorn worker down with it (DESIGN §8)
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                env=env,
+                start_new_session=True,
+            )
+        deadline = t0 + timeout
+        while not _healthy(self.url, timeout=1.0):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                why = (
+                    f"exited with {self.process.returncode}"
+                    if self.process.poll() is not None
+                    else f"not healthy after {timeout:g} s"
+                )
+                self.stop()
+                raise SandboxError(
+                    f"MLflow server on {self.url} (store {self.store_dir}) {why}; "
+                    f"log tail:\n{_tail(self.log_path)}"
+                )
+            time.sleep(0.2)
+        self.started_in = time.monotonic() - t0
+        return self
+
+    def rss_bytes(self) -> int:
+        return group_rss_bytes(self.pid) if self.process else 0
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if not self.process:
+            return
+        _kill_group(self.process.pid, timeout, self.process)
+        self.process = None
+
+    def __enter__(self) -> MlflowServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def store_path(scenario: Scenario, cache_root: Path) -> Path:
+    return Path(cache_root) / f"{scenario.name}-{scenario.fingerprint()[:12]}-mlflow" / "mlflow"
+
+
+def build_store(scenario: Scenario, cache_root: Path) -> Path:
+    """The scenario's MLflow store (``mlflow.db``, ``artifacts/``, ``run_ids.json``: run_name → run_id),
+    under ``<cache_root>/<name>-<fingerprint[:12]>-mlflow/mlflow``, built on first use: a server on a
+    store in a temp dir beside it, ``log_scenario``, server stopped, then renamed into place with its
+    COMPLETE marker, so a crashed or concurrent build never leaves a half-built store that looks usable."""
+    final = store_path(scenario, cache_root).parent
+    if (final / COMPLETE).exists():
+        return final / "mlflow"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        store = tmp / "mlflow"
+        with MlflowServer(store, workdir=tmp) as server:
+            ids = log_scenario(scenario, server.url)
+        (store / RUN_IDS).write_text(json.dumps(ids, indent=2) + "\n")
+        (tmp / COMPLETE).write_text(f"{scenario.name} {scenario.fingerprint()}\n")
+        if final.exists():  # an unfinished leftover (no COMPLETE): replace it
+            shutil.rmtree(final)
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not (final / COMPLETE).exists():  # not a concurrent builder that got there first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final / "mlflow"
+
+
+def copy_store(src: Path, dst: Path) -> Path:
+    """Copy a store for a server to write into; ``dst`` must not exist."""
+    shutil.copytree(src, dst)
+    return Path(dst)
+
+
+def run_ids(store_dir: Path) -> dict[str, str]:
+    return json.loads((Path(store_dir) / RUN_IDS).read_text())
+
+
+# ---- one detached server per state directory (demo, CLI) ----
+
+_DETACHED: dict[int, subprocess.Popen] = {}  # started here, so down_mlflow() here can reap them
+
+
+def up_mlflow(scenario_name: str, state_dir: Path, port: int = 0) -> dict:
+    """Build or reuse the scenario's store under ``state_dir/cache``, run an MLflow server on a fresh copy
+    in ``state_dir/run/mlflow`` (detached: it outlives this process; log ``state_dir/run/mlflow.log``) and
+    record it in ``state_dir/mlflow.json``. A server already recorded there is stopped first."""
+    state_dir = Path(state_dir)
+    scenario = load_scenario(scenario_name)
+    cached = build_store(scenario, state_dir / "cache")
+    down_mlflow(state_dir)
+    run = state_dir / "run"
+    store = copy_store(cached, run / "mlflow")
+    server = MlflowServer(store, port=port, workdir=run).start()
+    _DETACHED[server.pid] = server.process
+    state = {
+        "pid": server.pid,
+        "url": server.url,
+        "scenario": scenario.name,
+        "fingerprint": scenario.fingerprint(),
+        "store": str(store),
+        "log": str(server.log_path),
+        "run_ids": run_ids(store),
+    }
+    (state_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    return state
+
+
+def _state(state_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(state_dir) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def down_mlflow(state_dir: Path) -> None:
+    """Stop the server recorded in ``state_dir/mlflow.json`` and remove its store copy and log; fine if
+    none runs. Leaves the rest of ``state_dir/run`` (Prometheus's) alone."""
+    state_dir = Path(state_dir)
+    state = _state(state_dir)
+    if state:
+        pid = state.get("pid")
+        process = _DETACHED.pop(pid, None)
+        if pid and _alive(pid):
+            _kill_group(pid, 10.0, process)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    shutil.rmtree(state_dir / "run" / "mlflow", ignore_errors=True)
+    (state_dir / "run" / "mlflow.log").unlink(missing_ok=True)
+
+
+def mlflow_status(state_dir: Path) -> dict | None:
+    """The recorded state if its server is alive and healthy, else None."""
+    state = _state(state_dir)
+    if state and _alive(state["pid"]) and _healthy(state["url"]):
+        return state
+    return None
