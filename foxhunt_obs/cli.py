@@ -11,6 +11,7 @@ from pathlib import Path
 
 STATE_DIR = Path(".foxhunt/sandbox")
 DEFAULT_PORT = 19090
+MLFLOW_PORT = 15000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     sb.add_argument("action", choices=["up", "down", "status", "env"])
     sb.add_argument("--scenario", default="default", help="scenario name or YAML path (default: default)")
     sb.add_argument("--port", type=int, default=DEFAULT_PORT)
+    sb.add_argument("--mlflow-port", type=int, default=MLFLOW_PORT)
     sb.add_argument("--state-dir", type=Path, default=STATE_DIR)
 
     run = sub.add_parser("run", help="run a job over a partition range through Dagster (runs show in the UI)")
@@ -40,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--scenario", default="default")
     demo.add_argument("--port", type=int, default=DEFAULT_PORT)
+    demo.add_argument("--mlflow-port", type=int, default=MLFLOW_PORT)
     demo.add_argument("--state-dir", type=Path, default=STATE_DIR)
     demo.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
 
@@ -64,28 +67,47 @@ def _hour(s: str) -> datetime:
 
 
 def _sandbox(args) -> int:
+    from foxhunt_obs.sandbox import mlflow_server
     from foxhunt_obs.sandbox import prometheus as sandbox
 
     if args.action == "up":
-        info = sandbox.up(args.scenario, args.state_dir, args.port)
-        print(
-            f"sandbox up: Prometheus {info['url']} (pid {info['pid']}), scenario {info['scenario']} "
-            f"{info['start']} .. {info['end']}; live fake exporter {info['exporter_url']} scraped every 5 s"
-        )
+        info = _up(args)
+        print(f"sandbox up, scenario {info['scenario']} {info['start']} .. {info['end']}:")
+        print(f"  Prometheus {info['url']} (backfilled history; live fake exporter {info['exporter_url']})")
+        print(f"  MLflow {info['mlflow_url']}")
     elif args.action == "down":
         sandbox.down(args.state_dir)
         print("sandbox down")
     elif args.action == "status":
         info = sandbox.status(args.state_dir)
-        print(json.dumps(info, indent=2, default=str) if info else "sandbox not running")
-        return 0 if info else 1
+        ml = mlflow_server.mlflow_status(args.state_dir)
+        print(
+            json.dumps({"prometheus": info, "mlflow": ml}, indent=2, default=str)
+            if info
+            else "sandbox not running"
+        )
+        return 0 if info and ml else 1
     else:  # env: for eval "$(foxhunt-obs sandbox env)"
-        info = sandbox.status(args.state_dir)
-        if not info:
+        info, ml = sandbox.status(args.state_dir), mlflow_server.mlflow_status(args.state_dir)
+        if not info or not ml:
             print("sandbox not running", file=sys.stderr)
             return 1
-        print(f"export FOXHUNT_PROMETHEUS_URL={info['url']}")
+        print(f"export FOXHUNT_PROMETHEUS_URL={info['url']} MLFLOW_TRACKING_URI={ml['url']}")
     return 0
+
+
+def _up(args) -> dict:
+    """Prometheus (with the live exporter) first: its up() clears the run dir MLflow's store goes in."""
+    from foxhunt_obs.sandbox import prometheus as sandbox
+    from foxhunt_obs.sandbox.mlflow_server import up_mlflow
+
+    info = sandbox.up(args.scenario, args.state_dir, args.port)
+    try:
+        info["mlflow_url"] = up_mlflow(args.scenario, args.state_dir, args.mlflow_port)["url"]
+    except BaseException:
+        sandbox.down(args.state_dir)
+        raise
+    return info
 
 
 def export_rules(out: Path) -> list[Path]:
@@ -192,23 +214,68 @@ def summary(start: datetime, end: datetime) -> str:
     return "\n".join(out)
 
 
+def training_summary(day: str) -> str:
+    """Per experiment: GPU utilization beside the day's training health."""
+    from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.settings import env
+
+    lake = Lake(env("FOXHUNT_LAKE"))
+    rows = lake.query(
+        """
+        WITH gpu AS (
+          SELECT experiment, round(sum(seconds_with_data) / 3600, 1) AS gpu_hours,
+                 round(100 * sum(active_gpu_seconds) / sum(seconds_with_data), 1) AS gpu_util_pct
+          FROM gpu_hourly WHERE strftime(hour, '%Y-%m-%d') = $day GROUP BY experiment
+        ),
+        h AS (
+          SELECT experiment, count(*) AS runs,
+                 count(*) FILTER (WHERE status = 'RUNNING') AS running,
+                 round(max(success_rate_best), 2) AS best_success,
+                 string_agg(DISTINCT bottleneck, '/') FILTER (WHERE bottleneck <> '') AS bottleneck,
+                 string_agg(
+                   run_name || ': ' || concat_ws(', ',
+                     CASE WHEN loss_nonfinite > 0 THEN 'NaN/Inf loss' END,
+                     CASE WHEN entropy_collapse THEN 'entropy collapse' END,
+                     CASE WHEN success_drop THEN 'success drop' END,
+                     CASE WHEN stalled THEN 'stalled' END,
+                     CASE WHEN status = 'FAILED' THEN 'FAILED' END),
+                   '; ') FILTER (WHERE loss_nonfinite > 0 OR entropy_collapse OR success_drop OR stalled
+                                 OR status = 'FAILED') AS incidents
+          FROM training_health WHERE day = CAST($day AS DATE) AND NOT deleted GROUP BY experiment
+        )
+        SELECT coalesce(h.experiment, gpu.experiment) AS experiment, gpu.gpu_hours, gpu.gpu_util_pct,
+               h.runs, h.running, h.best_success, h.bottleneck, coalesce(h.incidents, '') AS incidents
+        FROM h FULL OUTER JOIN gpu USING (experiment) ORDER BY experiment
+        """,
+        {"day": day},
+    ).to_pandas()
+    for col in ("runs", "running"):
+        rows[col] = rows[col].astype("Int64")  # no training runs (unattributed GPUs): <NA>, not NaN
+    return f"Training health and GPU use, {day} (lake {lake.root})\n" + rows.to_string(index=False)
+
+
 def _demo(args) -> int:
     from foxhunt_obs.sandbox import prometheus as sandbox
 
     ensure_dagster_home()
-    info = sandbox.up(args.scenario, args.state_dir, args.port)
+    info = _up(args)
     os.environ["FOXHUNT_PROMETHEUS_URL"] = info["url"]
-    print(f"sandbox: Prometheus {info['url']} with scenario {info['scenario']}")
+    os.environ["MLFLOW_TRACKING_URI"] = info["mlflow_url"]
+    print(f"sandbox: Prometheus {info['url']}, MLflow {info['mlflow_url']}, scenario {info['scenario']}")
     try:
         end = datetime.fromisoformat(str(info["end"])).astimezone(timezone.utc)
         start = end - timedelta(hours=24)
         last_hour = end - timedelta(hours=1)
+        day = start.strftime("%Y-%m-%d")
         ok = run_job("gpu_ingest_job", start.strftime("%Y-%m-%d-%H:%M"), last_hour.strftime("%Y-%m-%d-%H:%M"))
-        ok = ok and run_job("gpu_hourly_job", start.strftime("%Y-%m-%d"), last_hour.strftime("%Y-%m-%d"))
+        ok = ok and run_job("gpu_hourly_job", day, last_hour.strftime("%Y-%m-%d"))
+        ok = ok and run_job("training_job", day, day)
         if not ok:
             return 1
         print()
         print(summary(start, end))
+        print()
+        print(training_summary(day))
     finally:
         if not args.keep:
             sandbox.down(args.state_dir)
