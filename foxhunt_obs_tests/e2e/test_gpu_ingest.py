@@ -198,7 +198,7 @@ def test_prometheus_stopped_mid_run_fails_clearly_and_keeps_written_partitions(
     lake = Lake(str(tmp_path / "lake"))
     monkeypatch.setenv("FOXHUNT_LAKE", lake.root)
     monkeypatch.setenv("FOXHUNT_PROMETHEUS_URL", own_prometheus.url)
-    first, last = hour(small, 0), hour(small, 2)
+    first, last = hour(small, 0), hour(small, small.hours - 1)  # six hours: time for the kill to land
     assert run("gpu_ingest_job", first, last).success
     keys = lake.partitions(GPU_SAMPLES)
     files = {k: Path(lake.root, "gpu_samples", f"hour={k}", "part-0.parquet") for k in keys}
@@ -219,7 +219,7 @@ def test_prometheus_stopped_mid_run_fails_clearly_and_keeps_written_partitions(
     message = _failure(result)
     assert own_prometheus.url in message and "query_range" in message and "step 15s" in message
     assert "gpu_samples partition 2026-11-16T0" in message
-    assert "cannot connect" in message
+    assert "cannot connect" in message or "connection lost mid-answer" in message
     for k in keys:  # every partition still readable, and exactly as it was
         assert files[k].read_bytes() == before[k], k
     assert not list(Path(lake.root).rglob("*.tmp-*"))
