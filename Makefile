@@ -41,6 +41,7 @@ sandbox-down:
 bench: install
 	$(PY) bench/prometheus_ingest.py
 	$(PY) bench/exporter.py
+	$(PY) bench/mlflow_ingest.py
 
 lint: install
 	.venv/bin/ruff check .

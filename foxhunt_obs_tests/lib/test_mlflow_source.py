@@ -345,3 +345,33 @@ def test_auth_headers_and_no_credentials_in_messages(canned, monkeypatch):
         MlflowSource(url.replace("://", "://fox:pw-secret@")).histories([_fake_run()])
     assert seen[-1][1] == "Basic Zm94OnB3LXNlY3JldA=="
     assert "pw-secret" not in str(e.value) and "MLflow at http://***@127.0.0.1:" in str(e.value)
+
+
+class _Slow(http.server.BaseHTTPRequestHandler):
+    """Accepts the request, then answers too late: a server that times out."""
+
+    calls = 0
+
+    def do_GET(self):  # http.server's name
+        type(self).calls += 1
+        time.sleep(2.0)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_server_that_times_out_is_retried_a_bounded_number_of_times():
+    handler = type("Handler", (_Slow,), {"calls": 0})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(MlflowSourceError, match=rf"MLflow at {url}: get-history run=0{{32}} key=loss: .*2 tries"):
+            MlflowSource(url, retries=2, timeout_s=0.3).histories([_fake_run()])
+        assert handler.calls == 2 and time.monotonic() - t0 < 3
+    finally:
+        srv.shutdown()
+        srv.server_close()
