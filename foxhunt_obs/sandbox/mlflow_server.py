@@ -28,7 +28,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from foxhunt_obs.sandbox.prometheus import COMPLETE, SandboxError, _alive, _kill_group, _tail, free_port
+from foxhunt_obs.sandbox.cache import build_once
+from foxhunt_obs.sandbox.prometheus import SandboxError, _alive, _kill_group, _tail, free_port
 from foxhunt_obs.sandbox.scenario import Scenario, load_scenario
 from foxhunt_obs.sandbox.training import log_scenario
 
@@ -170,29 +171,15 @@ def store_path(scenario: Scenario, cache_root: Path) -> Path:
 def build_store(scenario: Scenario, cache_root: Path) -> Path:
     """The scenario's MLflow store (``mlflow.db``, ``artifacts/``, ``run_ids.json``: run_name → run_id),
     under ``<cache_root>/<name>-<fingerprint[:12]>-mlflow/mlflow``, built on first use: a server on a
-    store in a temp dir beside it, ``log_scenario``, server stopped, then renamed into place with its
-    COMPLETE marker, so a crashed or concurrent build never leaves a half-built store that looks usable."""
-    final = store_path(scenario, cache_root).parent
-    if (final / COMPLETE).exists():
-        return final / "mlflow"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
+    store in a temp dir beside it, ``log_scenario``, server stopped (sandbox/cache.py makes it atomic)."""
+    def build(tmp: Path) -> None:
         store = tmp / "mlflow"
         with MlflowServer(store, workdir=tmp) as server:
             ids = log_scenario(scenario, server.url)
         (store / RUN_IDS).write_text(json.dumps(ids, indent=2) + "\n")
-        (tmp / COMPLETE).write_text(f"{scenario.name} {scenario.fingerprint()}\n")
-        if final.exists():  # an unfinished leftover (no COMPLETE): replace it
-            shutil.rmtree(final)
-        try:
-            tmp.rename(final)
-        except OSError:
-            if not (final / COMPLETE).exists():  # not a concurrent builder that got there first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final / "mlflow"
+
+    final = store_path(scenario, cache_root).parent
+    return build_once(final, build, f"{scenario.name} {scenario.fingerprint()}") / "mlflow"
 
 
 def copy_store(src: Path, dst: Path) -> Path:

@@ -24,12 +24,12 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from foxhunt_obs.sandbox.cache import build_once
 from foxhunt_obs.sandbox.openmetrics import write_blocks
 from foxhunt_obs.sandbox.scenario import Scenario, load_scenario
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
-COMPLETE = "COMPLETE"
 
 
 class SandboxError(RuntimeError):
@@ -44,16 +44,9 @@ def tsdb_path(scenario: Scenario, cache_root: Path, metrics: set[str] | None = N
 def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = None) -> Path:
     """The scenario's TSDB under ``<cache_root>/<name>-<fingerprint[:12]>/tsdb``, built on first use.
 
-    Built in a temp dir beside it and renamed into place with its COMPLETE marker, so a crashed or
-    concurrent build never leaves a half-built TSDB that looks usable. ``metrics`` limits the metric
-    names written (the benchmark's big cluster needs only one).
+    ``metrics`` limits the metric names written (the benchmark's big cluster needs only one).
     """
-    final = tsdb_path(scenario, cache_root, metrics).parent
-    if (final / COMPLETE).exists():
-        return final / "tsdb"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
+    def build(tmp: Path) -> None:
         files = write_blocks(scenario, tmp / "openmetrics", metrics)
 
         def backfill(f: Path) -> None:
@@ -72,17 +65,9 @@ def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = 
         with ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(backfill, files))
         shutil.rmtree(tmp / "openmetrics")
-        (tmp / COMPLETE).write_text(f"{scenario.name} {scenario.fingerprint()}\n")
-        if final.exists():  # an unfinished leftover (no COMPLETE): replace it
-            shutil.rmtree(final)
-        try:
-            tmp.rename(final)
-        except OSError:
-            if not (final / COMPLETE).exists():  # not a concurrent builder that got there first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final / "tsdb"
+
+    final = tsdb_path(scenario, cache_root, metrics).parent
+    return build_once(final, build, f"{scenario.name} {scenario.fingerprint()}") / "tsdb"
 
 
 def copy_tsdb(src: Path, dst: Path) -> Path:

@@ -19,8 +19,8 @@ from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
 from foxhunt_obs.sandbox import mlflow_server, training
+from foxhunt_obs.sandbox.cache import COMPLETE
 from foxhunt_obs.sandbox.mlflow_server import MlflowServer, SandboxError, build_store, copy_store
-from foxhunt_obs.sandbox.prometheus import COMPLETE
 from foxhunt_obs.sandbox.scenario import load_scenario
 
 

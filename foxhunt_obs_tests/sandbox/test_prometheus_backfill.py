@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from foxhunt_obs.sandbox import prometheus, truth
+from foxhunt_obs.sandbox.cache import COMPLETE
 from foxhunt_obs.sandbox.prometheus import PrometheusServer, SandboxError, build_tsdb, copy_tsdb
 from foxhunt_obs.sandbox.scenario import load_scenario
 
@@ -59,7 +60,7 @@ def instant(url: str, query: str, at: datetime) -> list[dict]:
 def test_cache_is_complete_and_reused(cache, small):
     root, tsdb = cache
     assert tsdb == root / f"small-{small.fingerprint()[:12]}" / "tsdb"
-    assert (tsdb.parent / prometheus.COMPLETE).exists() and len(
+    assert (tsdb.parent / COMPLETE).exists() and len(
         list(tsdb.iterdir())
     ) == 3  # one block per 2 h
     assert [p.name for p in root.iterdir()] == [tsdb.parent.name]  # no temp dir left behind
