@@ -126,7 +126,17 @@ class Lake:
 
     @staticmethod
     def _write_parquet(table: pa.Table, where) -> None:
-        pq.write_table(table, where, compression="zstd", write_statistics=True, row_group_size=ROW_GROUP_SIZE)
+        # Timestamps are sorted and unique: delta encoding, not a dictionary the writer tries and drops.
+        stamps = [f.name for f in table.schema if pa.types.is_timestamp(f.type)]
+        pq.write_table(
+            table,
+            where,
+            compression="zstd",
+            write_statistics=True,
+            row_group_size=ROW_GROUP_SIZE,
+            use_dictionary=[n for n in table.column_names if n not in stamps],
+            column_encoding=dict.fromkeys(stamps, "DELTA_BINARY_PACKED"),
+        )
 
     def write_partition(self, spec: TableSpec, value: str, table: pa.Table) -> WriteResult:
         """Replace one partition with ``table`` (zero rows allowed), atomically."""
