@@ -375,3 +375,21 @@ def test_a_server_that_times_out_is_retried_a_bounded_number_of_times():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_window_the_server_would_sample_is_read_again_exactly(mlflow_store):
+    """3,000 points at step 0 (log_metric without a step): get-history-bulk-interval returns a sample of
+    2,500, so that (run, key) must be re-read with get-history — every point, nothing sampled."""
+    url, _, _ = mlflow_store
+    c = MlflowClient(url)
+    exp = c.create_experiment("fox-same-step")
+    run = c.create_run(exp, run_name="same-step")
+    rid = run.info.run_id
+    for i in range(0, 3000, 1000):
+        c.log_batch(rid, metrics=[Metric("x", float(i + j), T0 + i + j, 0) for j in range(1000)])
+    src = MlflowSource(url, experiments=["fox-same-step"])
+    (r,) = src.runs()
+    assert r.latest_steps == {"x": 0}
+    table = src.histories([r])
+    assert table.num_rows == 3000
+    assert sorted(table.column("value").to_pylist()) == [float(i) for i in range(3000)]

@@ -1,10 +1,11 @@
 """MLflow client: runs through MlflowClient, metric histories by the fastest exact path there is.
 
-Over REST the only exact path is `GET /api/2.0/mlflow/metrics/get-history`, one run and key at a time.
-The tracking server spends ~70 µs per point on it (SQLAlchemy ORM rows, protobuf, indented JSON), far
-more than parsing costs here, so the REST path's gain over `MlflowClient.get_metric_history` comes
-from keeping several server workers busy at once, not from parsing. The ajax `get-history-bulk`
-endpoint is never used: it cuts every answer at 25,000 points without saying so.
+Over REST the server's time per point is what counts (ORM rows, protobuf, JSON: tens of µs a point,
+far more than parsing here). `get-history-bulk-interval` answers one key of up to 100 runs per call
+in step windows and costs the server about half of what `get-history` (one run and key at a time)
+does; it samples a run's window above 2,500 rows, so a window that comes back full is read again,
+exactly, with `get-history`. Both run on a thread pool to keep several server workers busy. The ajax
+`get-history-bulk` endpoint is never used: it cuts every answer at 25,000 points without saying so.
 
 Backend-store mode reads MLflow's own SQL tables (a read replica, or the sqlite file), read-only, with
 one query per chunk of runs: no server in the way, by far the fastest path.
@@ -28,7 +29,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -39,6 +40,10 @@ import requests
 # Databricks rejects get-history pages above 25,000; the OSS server takes any size (1e10 tried) but
 # pages by OFFSET, so bigger pages would only save round trips on keys longer than this.
 HISTORY_PAGE = 25_000
+BULK_MAX_RESULTS = 2_500  # the server's MAX_RESULTS_PER_RUN for get-history-bulk-interval
+BULK_MAX_RUNS = 100  # and its MAX_RUNS_GET_METRIC_HISTORY_BULK
+_INT32 = (-(2**31), 2**31 - 1)
+_EMPTY = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
 _DBL_MAX = 1.7976931348623157e308  # how MLflow's SQL store saves ±Inf
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 _SQL_CHUNK = 500  # ids per `IN (...)`: below every database's bound-parameter limit
@@ -76,6 +81,7 @@ class MlflowRun:
     tags: dict[str, str]
     metric_keys: tuple[str, ...]  # keys of the run's latest metrics
     last_metric_time: datetime | None  # max timestamp among the run's latest metrics (UTC)
+    latest_steps: dict[str, int] = field(default_factory=dict)  # key -> step of its latest metric (max step)
 
 
 class MlflowSource:
@@ -198,6 +204,7 @@ class MlflowSource:
                     tags=dict(r.data.tags),
                     metric_keys=tuple(sorted({m.key for m in latest})),
                     last_metric_time=_dt(max((m.timestamp for m in latest), default=None)),
+                    latest_steps={m.key: int(m.step) for m in latest},
                 )
             token, page = batch.token, page + 1
             if not token:
@@ -234,32 +241,45 @@ class MlflowSource:
 
     # -- REST: histories ---------------------------------------------------------------------------
     def _rest_histories(self, runs: list[MlflowRun]) -> pa.Table:
+        """Bulk first: get-history-bulk-interval answers one key of up to 100 runs per call, in step
+        windows (2-4x fewer server seconds per point than get-history). MLflow samples a window that
+        holds more than max_results rows of a run (keeping exactly max_results), so a run whose window
+        comes back full is read again, exactly, with get-history; so is any key whose steps the
+        windows cannot cover (its latest step is past int32)."""
         tasks = [(r.run_id, k) for r in runs for k in r.metric_keys]
         local, sessions = threading.local(), []
 
-        def fetch(task: tuple[str, str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        def session() -> requests.Session:
             s = getattr(local, "session", None)
             if s is None:
                 s = local.session = self._new_session()
                 sessions.append(s)
-            return self._history(s, *task)
+            return s
 
-        parts: list = [None] * len(tasks)
+        bulk = _bulk_requests(runs)
         try:
-            with ThreadPoolExecutor(self.workers, thread_name_prefix="mlflow-history") as ex:
-                futures = {ex.submit(fetch, t): i for i, t in enumerate(tasks)}
-                done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-                for f in pending:  # an error: give up on what has not started
-                    f.cancel()
-                for f in done:
-                    if f.exception() is not None:
-                        raise f.exception()
-                for f, i in futures.items():
-                    parts[i] = f.result()
+            got: dict[tuple[str, str], list] = {}
+            full: set[tuple[str, str]] = set()
+            for (key, _window), answers in zip(bulk, self._pool(lambda t: self._bulk(session(), *t), bulk)):
+                for run_id, cols in answers.items():
+                    got.setdefault((run_id, key), []).append(cols)
+                    if len(cols[0]) >= BULK_MAX_RESULTS:
+                        full.add((run_id, key))
+            covered = {(rid, key) for key, batch in bulk for rid in batch[1]}
+            exact = [t for t in tasks if t not in covered or t in full]
+            reread = dict(zip(exact, self._pool(lambda t: self._history(session(), *t), exact)))
         finally:
             for s in sessions:
                 s.close()
-
+        parts = []
+        for t in tasks:
+            if t in reread:
+                parts.append(reread[t])
+            else:
+                windows = got.get(t, [])
+                parts.append(
+                    tuple(np.concatenate([w[i] for w in windows]) if windows else _EMPTY[i] for i in range(3))
+                )
         if not parts:
             return HISTORY_SCHEMA.empty_table()
         # run_id and key once per task, repeated per point by index: no Python string per point
@@ -269,6 +289,46 @@ class MlflowSource:
         key = pa.array([t[1] for t in tasks], pa.string()).take(owner)
         step, ts, value = (np.concatenate([p[i] for p in parts]) for i in range(3))
         return _history_table(run_id, key, step, ts, value)
+
+    def _pool(self, fn, items: list) -> list:
+        """fn over items on `workers` threads, in order; the first error cancels what has not started."""
+        if not items:
+            return []
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="mlflow-history") as ex:
+            futures = [ex.submit(fn, item) for item in items]
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for f in pending:
+                f.cancel()
+            for f in done:
+                if f.exception() is not None:
+                    raise f.exception()
+            return [f.result() for f in futures]
+
+    def _bulk(self, s: requests.Session, key: str, window: tuple[tuple[int, int], list[str]]) -> dict:
+        """run_id -> (steps, timestamps, values) of one key in one step window."""
+        (lo, hi), run_ids = window
+        params = {
+            "run_ids": run_ids,
+            "metric_key": key,
+            "start_step": lo,
+            "end_step": hi,
+            "max_results": BULK_MAX_RESULTS,
+        }
+        call = f"get-history-bulk-interval key={key} steps {lo}..{hi} ({len(run_ids)} runs)"
+        body = self._get(s, "/ajax-api/2.0/mlflow/metrics/get-history-bulk-interval", params, call)
+        rows: dict[str, tuple[list, list, list]] = {rid: ([], [], []) for rid in run_ids}
+        for m in body.get("metrics", []):
+            r = rows.setdefault(m["run_id"], ([], [], []))
+            r[0].append(m.get("step", 0))
+            r[1].append(m.get("timestamp", 0))
+            r[2].append(m.get("value", 0.0))
+        try:
+            return {
+                rid: (np.array(a, np.int64), np.array(b, np.int64), np.array(c, np.float64))
+                for rid, (a, b, c) in rows.items()
+            }
+        except (TypeError, ValueError, OverflowError) as e:
+            raise self._error(call, f"unreadable point: {e}") from e
 
     def _new_session(self) -> requests.Session:
         s = requests.Session()
@@ -427,7 +487,7 @@ class MlflowSource:
         run_ids = [r[0] for r in runs]
         params: dict[str, dict[str, str]] = {}
         tags: dict[str, dict[str, str]] = {}
-        latest: dict[str, list[tuple[str, int]]] = {}
+        latest: dict[str, list[tuple[str, int, int]]] = {}
         for rid, k, v in _flat(
             self._sql_in("params", "params", ["run_uuid", "key", "value"], "run_uuid", run_ids)
         ):
@@ -436,12 +496,16 @@ class MlflowSource:
             self._sql_in("tags", "tags", ["run_uuid", "key", "value"], "run_uuid", run_ids)
         ):
             tags.setdefault(rid, {})[k] = v if v is not None else ""
-        for rid, k, t in _flat(
+        for rid, k, t, step in _flat(
             self._sql_in(
-                "latest_metrics", "latest_metrics", ["run_uuid", "key", "timestamp"], "run_uuid", run_ids
+                "latest_metrics",
+                "latest_metrics",
+                ["run_uuid", "key", "timestamp", "step"],
+                "run_uuid",
+                run_ids,
             )
         ):
-            latest.setdefault(rid, []).append((k, t))
+            latest.setdefault(rid, []).append((k, t, step))
         out = []
         for rid, exp_id, name, status, stage, start, end, user in runs:
             lm = latest.get(rid, [])
@@ -458,8 +522,9 @@ class MlflowSource:
                     user=user or "",
                     params=params.get(rid, {}),
                     tags=tags.get(rid, {}),
-                    metric_keys=tuple(sorted({k for k, _ in lm})),
-                    last_metric_time=_dt(max((t for _, t in lm if t is not None), default=None)),
+                    metric_keys=tuple(sorted({k for k, _, _ in lm})),
+                    last_metric_time=_dt(max((t for _, t, _ in lm if t is not None), default=None)),
+                    latest_steps={k: int(step) for k, _, step in lm if step is not None},
                 )
             )
         return out
@@ -610,3 +675,30 @@ def _retry_after(r: requests.Response) -> float:
         return min(30.0, float(r.headers.get("Retry-After", 0)))
     except ValueError:
         return 0.0
+
+
+def _bulk_requests(runs: list[MlflowRun]) -> list[tuple[str, tuple[tuple[int, int], list[str]]]]:
+    """(key, ((start_step, end_step), run_ids)) for every step window of every key, ≤ 100 runs each.
+
+    Windows hold BULK_MAX_RESULTS - 1 steps, so a run with one point per step never fills one; the
+    first starts at int32's minimum so negative steps are not lost. Keys of runs without a known latest
+    step, or past int32, are left out: get-history reads them."""
+    by_key: dict[str, list[tuple[str, int]]] = {}
+    for r in runs:
+        for k in r.metric_keys:
+            last = r.latest_steps.get(k)
+            if last is not None and last <= _INT32[1]:
+                by_key.setdefault(k, []).append((r.run_id, last))
+    out = []
+    width = BULK_MAX_RESULTS - 1
+    for key, members in sorted(by_key.items()):
+        members.sort(key=lambda m: m[1])
+        for i in range(0, len(members), BULK_MAX_RUNS):
+            batch = members[i : i + BULK_MAX_RUNS]
+            ids, top = [m[0] for m in batch], max(0, batch[-1][1])
+            lo = 0
+            while lo <= top:
+                hi = min(lo + width - 1, _INT32[1])
+                out.append((key, ((_INT32[0] if lo == 0 else lo, hi), ids)))
+                lo = hi + 1
+    return out
