@@ -46,6 +46,7 @@ def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = 
 
     ``metrics`` limits the metric names written (the benchmark's big cluster needs only one).
     """
+
     def build(tmp: Path) -> None:
         files = write_blocks(scenario, tmp / "openmetrics", metrics)
 
@@ -102,10 +103,9 @@ class PrometheusServer:
 
     ``scrape_jobs`` (job name -> targets) are scraped every ``scrape_interval``; ``rule_files`` are
     loaded (the catalog's recording rules). ``extra_args`` go to prometheus as they are (tests use
-    ``--query.max-samples`` to provoke errors).
-    ``lookback_delta`` (e.g. "30s") sets ``--query.lookback-delta``. Backfilled history has no staleness
-    markers, so with the default 5m a series that ends (pod gone, node lost) keeps answering instant
-    and range queries for 5 more minutes; a live Prometheus would have marked it stale at once.
+    ``--query.max-samples`` to provoke errors). Backfilled history has no staleness markers, so a series
+    that ends (pod gone, node lost) keeps answering plain selectors for the 5-minute look-back; the
+    ingest asks for ``last_over_time(x[step])`` and so does not depend on staleness.
     """
 
     def __init__(
@@ -113,7 +113,6 @@ class PrometheusServer:
         tsdb_dir: Path,
         port: int = 0,
         workdir: Path | None = None,
-        lookback_delta: str | None = None,
         extra_args: tuple[str, ...] = (),
         scrape_jobs: dict[str, list[str]] | None = None,
         scrape_interval: str = "15s",
@@ -126,7 +125,6 @@ class PrometheusServer:
         self.tsdb_dir = Path(tsdb_dir)
         self.port = port
         self.workdir = Path(workdir) if workdir else None
-        self.lookback_delta = lookback_delta
         self.process: subprocess.Popen | None = None
 
     @property
@@ -161,8 +159,6 @@ class PrometheusServer:
             "--storage.tsdb.retention.time=100y",
             "--web.enable-lifecycle",
         ]
-        if self.lookback_delta:
-            cmd.append(f"--query.lookback-delta={self.lookback_delta}")
         cmd += self.extra_args
         with self.log_path.open("ab") as log:
             # own process group, so stop() can take the whole group down (DESIGN §8)
@@ -309,7 +305,6 @@ def up(
     scenario_name: str,
     state_dir: Path,
     port: int,
-    lookback_delta: str | None = None,
     exporter_port: int | None = None,
 ) -> dict:
     """Build or reuse the scenario's TSDB under ``state_dir/cache``, run Prometheus on a fresh copy in
@@ -331,7 +326,6 @@ def up(
             run / "tsdb",
             port=port,
             workdir=run,
-            lookback_delta=lookback_delta,
             scrape_jobs={EXPORTER_JOB: [f"127.0.0.1:{exporter_port}"]},
             scrape_interval="5s",
             rule_files=(RECORDING_RULES,),

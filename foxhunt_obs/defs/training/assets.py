@@ -118,10 +118,7 @@ def training_runs(context: dg.AssetExecutionContext, lake: LakeResource, mlflow:
 
 def _split(histories: pa.Table, run_ids: list[str]) -> dict[str, pa.Table]:
     """One table per run, empty ones included (a run that logged nothing has an empty history)."""
-    out = {}
-    for rid in run_ids:
-        out[rid] = histories.filter(pc.equal(histories.column("run_id"), rid))
-    return out
+    return {rid: histories.filter(pc.equal(histories.column("run_id"), rid)) for rid in run_ids}
 
 
 @dg.asset(
