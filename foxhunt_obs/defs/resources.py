@@ -5,10 +5,14 @@ check and read across partitions with SQL (a fresh in-memory DuckDB), which an I
 load-the-upstream-object contract does not fit. Sensors and scripts use the same Lake class.
 """
 
+from typing import Literal
+
 import dagster as dg
+from dagster_aws.utils import ResourceWithBoto3Configuration
 
 from foxhunt_obs.lib.lake import Lake
-from foxhunt_obs.lib.settings import Settings, env
+from foxhunt_obs.lib.settings import Settings, csv_setting, env
+from foxhunt_obs.lib.sources.aws import AwsConfig
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 
 
@@ -42,7 +46,7 @@ class MlflowResource(dg.ConfigurableResource):
     def source(self):
         from foxhunt_obs.lib.sources.mlflow import MlflowSource
 
-        names = [x.strip() for x in env("FOXHUNT_MLFLOW_EXPERIMENTS").split(",") if x.strip()]
+        names = csv_setting("FOXHUNT_MLFLOW_EXPERIMENTS")
         return MlflowSource(
             self.tracking_uri or env("MLFLOW_TRACKING_URI"),
             experiments=names or None,
@@ -50,8 +54,38 @@ class MlflowResource(dg.ConfigurableResource):
         )
 
 
+class AwsResource(ResourceWithBoto3Configuration):
+    """boto3 clients for CloudWatch, FSx, Cost Explorer, S3 and Budgets. Region defaults to AWS_REGION;
+    endpoint_url only when set here (otherwise boto3 honours AWS_ENDPOINT_URL[_<SERVICE>] itself);
+    credentials by boto3's usual chain unless given."""
+
+    retry_mode: Literal["standard", "adaptive"] = "standard"
+
+    def config(self) -> AwsConfig:
+        return AwsConfig(
+            region_name=self.region_name or env("AWS_REGION"),
+            profile_name=self.profile_name,
+            endpoint_url=self.endpoint_url,
+            retry_mode=self.retry_mode,
+            max_attempts=self.max_attempts,
+            use_ssl=self.use_ssl,
+            verify=self.verify,
+            aws_access_key_id=self.aws_access_key_id,
+            aws_secret_access_key=self.aws_secret_access_key,
+            aws_session_token=self.aws_session_token,
+        )
+
+    def client(self, service: str):
+        return self.config().client(service)
+
+
 @dg.definitions
 def resources() -> dg.Definitions:
     return dg.Definitions(
-        resources={"lake": LakeResource(), "prometheus": PrometheusResource(), "mlflow": MlflowResource()}
+        resources={
+            "lake": LakeResource(),
+            "prometheus": PrometheusResource(),
+            "mlflow": MlflowResource(),
+            "aws": AwsResource(),
+        }
     )

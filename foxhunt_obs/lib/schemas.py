@@ -190,7 +190,111 @@ TRAINING_HEALTH = TableSpec(
     ),
 )
 
+FSX_METRICS = TableSpec(
+    name="fsx_metrics",
+    partition="hour",
+    doc="CloudWatch AWS/FSx datapoints per file system, metric and statistic (period start, UTC).",
+    schema=pa.schema(
+        [
+            ("ts", TS),  # start of the CloudWatch period
+            ("file_system_id", LABEL),
+            ("file_system_name", LABEL),  # its Name tag, '' when untagged
+            ("metric", LABEL),  # CloudWatch metric name: DataReadBytes, FreeDataStorageCapacity, ...
+            ("statistic", LABEL),  # Sum / Minimum
+            ("period_seconds", pa.int32()),
+            ("value", pa.float64()),
+            ("per_second", pa.float64()),  # Sum of a bytes/operations metric / period; null otherwise
+        ]
+    ),
+)
+
+# Money columns: CUR and Cost Explorer amounts are parsed as Decimal and become float64 only here.
+COSTS_HOURLY = TableSpec(
+    name="costs_hourly",
+    partition="day",
+    doc="CUR 2.0 line items per resource-hour (from the newest manifest), tags normalised to plain keys.",
+    schema=pa.schema(
+        [
+            ("hour", TS),  # line_item_usage_start_date
+            ("billing_period", pa.string()),  # YYYY-MM
+            ("account_id", pa.string()),
+            ("line_item_type", pa.string()),  # Usage, DiscountedUsage, SavingsPlanCoveredUsage, Tax, ...
+            ("service", pa.string()),  # product code: AmazonEC2, AmazonFSx, AmazonS3, ...
+            ("usage_type", pa.string()),
+            ("operation", pa.string()),
+            ("instance_type", pa.string()),
+            ("resource_id", pa.string()),  # '' when the line has none
+            ("usage_amount", pa.float64()),
+            ("cost_usd", pa.float64()),  # unblended
+            ("amortized_usd", pa.float64()),  # effective cost: RI / Savings Plan fees spread on usage
+            ("project", pa.string()),  # FOXHUNT_COST_TAGS values, '' when untagged
+            ("environment", pa.string()),
+            ("experiment", pa.string()),
+            ("tags", pa.string()),  # every resource tag, normalised keys, JSON object
+            ("manifest", pa.string()),  # the manifest (execution) the line came from
+        ]
+    ),
+)
+
+COSTS_DAILY = TableSpec(
+    name="costs_daily",
+    partition="day",
+    doc=(
+        "Daily cost per source (ce, cur, estimate) by tag, service and resource. Within one day and source "
+        "the rows never overlap: their cost_usd sums to that source's total for the day."
+    ),
+    schema=pa.schema(
+        [
+            ("day", pa.date32()),
+            ("source", pa.string()),  # ce / cur / estimate
+            ("project", pa.string()),  # '' = untagged
+            ("environment", pa.string()),
+            ("experiment", pa.string()),
+            ("service", pa.string()),  # AWS product code (Cost Explorer's names mapped to it)
+            ("resource_id", pa.string()),  # cur: the resource; estimate: node or file system; ce: ''
+            ("cost_usd", pa.float64()),  # unblended
+            ("amortized_usd", pa.float64()),
+            ("usage_quantity", pa.float64()),
+            ("estimated", pa.bool_()),  # Cost Explorer's Estimated flag; always true for source=estimate
+        ]
+    ),
+)
+
+BUDGETS = TableSpec(
+    name="budgets",
+    partition="day",
+    doc="AWS Budgets as seen on the day: limit, actual and forecasted spend (plus Cost Explorer's forecast).",
+    schema=pa.schema(
+        [
+            ("day", pa.date32()),
+            ("source", pa.string()),  # budgets / ce_forecast
+            ("account_id", pa.string()),
+            ("budget_name", pa.string()),
+            ("budget_type", pa.string()),  # COST, USAGE, ...
+            ("time_unit", pa.string()),  # MONTHLY, ...
+            ("period_start", TS),
+            ("period_end", TS),
+            ("limit_usd", pa.float64()),
+            ("actual_usd", pa.float64()),
+            ("forecast_usd", pa.float64()),
+            ("synced_at", TS),
+        ]
+    ),
+)
+
 TABLES: dict[str, TableSpec] = {
     t.name: t
-    for t in (GPU_SAMPLES, NODE_SAMPLES, GPU_HOURLY, TRAINING_RUNS, TRAINING_HISTORY, TRAINING_METRICS, TRAINING_HEALTH)
+    for t in (
+        GPU_SAMPLES,
+        NODE_SAMPLES,
+        GPU_HOURLY,
+        TRAINING_RUNS,
+        TRAINING_HISTORY,
+        TRAINING_METRICS,
+        TRAINING_HEALTH,
+        FSX_METRICS,
+        COSTS_HOURLY,
+        COSTS_DAILY,
+        BUDGETS,
+    )
 }

@@ -43,6 +43,20 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "Read MLflow's SQL store directly (a read replica: sqlite:///… or postgresql://…): the fast path",
     ),
+    Setting("AWS_REGION", "us-east-1", "AWS region of CloudWatch, FSx, S3 and Budgets (boto3's own variable)"),
+    Setting("AWS_ENDPOINT_URL", "", "An AWS endpoint for every service (boto3's own; the sandbox's moto server)"),
+    Setting("FOXHUNT_FSX_IDS", "", "Comma-separated FSx file system ids (empty: every Lustre file system)"),
+    Setting(
+        "FOXHUNT_CUR_S3_URI", "", "CUR 2.0 Data Export root: s3://bucket/prefix/export-name (empty: no CUR)"
+    ),
+    Setting(
+        "FOXHUNT_COST_TAGS",
+        "Project,Environment,Experiment",
+        "Cost-allocation tag keys for the project, environment and experiment columns, in that order",
+    ),
+    Setting("FOXHUNT_PRICE_REGION", "us-east-1", "Region of the price table used for the live cost estimate"),
+    Setting("FOXHUNT_CE_RESTATE_DAYS", "3", "Trailing days re-pulled from Cost Explorer each run (it restates)"),
+    Setting("FOXHUNT_CE_FORECAST", "0", "1 = also ask Cost Explorer for this month's forecast ($0.01 a call)"),
 )
 
 _DEFAULTS = {s.env: s.default for s in SETTINGS}
@@ -81,6 +95,22 @@ class Settings:
             prometheus_max_points=int(env("FOXHUNT_PROMETHEUS_MAX_POINTS")),
             prometheus_bearer_token=os.environ.get("FOXHUNT_PROMETHEUS_BEARER_TOKEN", ""),
         )
+
+
+def cost_tags() -> tuple[str, str, str]:
+    """AWS tag keys behind costs_daily's project, environment and experiment columns."""
+    keys = tuple(x.strip() for x in env("FOXHUNT_COST_TAGS").split(","))
+    if len(keys) != 3 or not all(keys):
+        raise ValueError(
+            "FOXHUNT_COST_TAGS must name three tag keys (project, environment, experiment), "
+            f"got {env('FOXHUNT_COST_TAGS')!r}"
+        )
+    return keys  # type: ignore[return-value]
+
+
+def csv_setting(name: str) -> list[str]:
+    """A comma-separated setting as a list, blanks dropped."""
+    return [x.strip() for x in env(name).split(",") if x.strip()]
 
 
 def partitions_start() -> datetime:
