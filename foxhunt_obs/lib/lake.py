@@ -223,7 +223,10 @@ class Lake:
         return con
 
     def _add_view(self, con: duckdb.DuckDBPyConnection, spec: TableSpec) -> None:
-        full_schema = spec.schema.append(pa.field(spec.partition, pa.string()))
+        # A table may also hold its partition key as a column (costs_daily.day): then the files carry it
+        # and the view shows it as the partition string, as it does for every other table.
+        in_files = spec.partition in spec.schema.names
+        full_schema = spec.schema if in_files else spec.schema.append(pa.field(spec.partition, pa.string()))
         if not self.partitions(spec):
             source = f"_lake_{spec.name}"
             con.register(source, full_schema.empty_table())
@@ -234,7 +237,7 @@ class Lake:
                 self._table_dir(spec),
                 filesystem=self.fs,
                 format="parquet",
-                partitioning=partitioning,
+                partitioning=None if in_files else partitioning,
                 schema=full_schema,
             )
             con.register(source, dataset)
@@ -244,7 +247,8 @@ class Lake:
                 f"read_parquet({glob}, hive_partitioning=true, union_by_name=true, "
                 f"hive_types={{{_sql_str(spec.partition)}: 'VARCHAR'}})"
             )
-        con.execute(f'CREATE VIEW "{spec.name}" AS SELECT * FROM {source}')
+        select = f'* REPLACE (CAST("{spec.partition}" AS VARCHAR) AS "{spec.partition}")' if in_files else "*"
+        con.execute(f'CREATE VIEW "{spec.name}" AS SELECT {select} FROM {source}')
 
     def query(
         self, sql: str, params: list | None = None, tables: Iterable[TableSpec] | None = None

@@ -145,7 +145,13 @@ TRAINING_HISTORY = TableSpec(
     partition="run",
     doc="Every metric point of one MLflow run: the incremental cache training_metrics is cut from.",
     schema=pa.schema(
-        [("run_id", pa.string()), ("key", pa.string()), ("step", pa.int64()), ("ts", TS), ("value", pa.float64())]
+        [
+            ("run_id", pa.string()),
+            ("key", pa.string()),
+            ("step", pa.int64()),
+            ("ts", TS),
+            ("value", pa.float64()),
+        ]
     ),
 )
 

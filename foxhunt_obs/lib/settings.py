@@ -36,15 +36,23 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FOXHUNT_PROMETHEUS_TIMEOUT", "120", "Seconds before one Prometheus request gives up"),
     Setting("FOXHUNT_PROMETHEUS_MAX_POINTS", "11000", "Most points per series in one query_range request"),
     Setting("FOXHUNT_PROMETHEUS_BEARER_TOKEN", "", "Bearer token for Prometheus (never logged)"),
-    Setting("MLFLOW_TRACKING_URI", "http://127.0.0.1:15000", "MLflow tracking server (MLflow's own variable)"),
-    Setting("FOXHUNT_MLFLOW_EXPERIMENTS", "", "Comma-separated MLflow experiment names to ingest (empty: all)"),
+    Setting(
+        "MLFLOW_TRACKING_URI", "http://127.0.0.1:15000", "MLflow tracking server (MLflow's own variable)"
+    ),
+    Setting(
+        "FOXHUNT_MLFLOW_EXPERIMENTS", "", "Comma-separated MLflow experiment names to ingest (empty: all)"
+    ),
     Setting(
         "FOXHUNT_MLFLOW_BACKEND_STORE_URI",
         "",
         "Read MLflow's SQL store directly (a read replica: sqlite:///… or postgresql://…): the fast path",
     ),
-    Setting("AWS_REGION", "us-east-1", "AWS region of CloudWatch, FSx, S3 and Budgets (boto3's own variable)"),
-    Setting("AWS_ENDPOINT_URL", "", "An AWS endpoint for every service (boto3's own; the sandbox's moto server)"),
+    Setting(
+        "AWS_REGION", "us-east-1", "AWS region of CloudWatch, FSx, S3 and Budgets (boto3's own variable)"
+    ),
+    Setting(
+        "AWS_ENDPOINT_URL", "", "An AWS endpoint for every service (boto3's own; the sandbox's moto server)"
+    ),
     Setting("FOXHUNT_FSX_IDS", "", "Comma-separated FSx file system ids (empty: every Lustre file system)"),
     Setting(
         "FOXHUNT_CUR_S3_URI", "", "CUR 2.0 Data Export root: s3://bucket/prefix/export-name (empty: no CUR)"
@@ -55,8 +63,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Cost-allocation tag keys for the project, environment and experiment columns, in that order",
     ),
     Setting("FOXHUNT_PRICE_REGION", "us-east-1", "Region of the price table used for the live cost estimate"),
-    Setting("FOXHUNT_CE_RESTATE_DAYS", "3", "Trailing days re-pulled from Cost Explorer each run (it restates)"),
-    Setting("FOXHUNT_CE_FORECAST", "0", "1 = also ask Cost Explorer for this month's forecast ($0.01 a call)"),
+    Setting(
+        "FOXHUNT_CE_RESTATE_DAYS", "3", "Trailing days re-pulled from Cost Explorer each run (it restates)"
+    ),
+    Setting(
+        "FOXHUNT_CE_FORECAST", "0", "1 = also ask Cost Explorer for this month's forecast ($0.01 a call)"
+    ),
 )
 
 _DEFAULTS = {s.env: s.default for s in SETTINGS}

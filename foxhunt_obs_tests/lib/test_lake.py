@@ -277,3 +277,34 @@ def test_s3_lake(s3_lake):
         f"lake/things/hour={H1}/part-0.parquet",
         f"lake/things/hour={H3}/part-0.parquet",
     ]
+
+
+DAY_SPEC = TableSpec(
+    name="daily_things",
+    partition="day",
+    doc="a table that also stores its partition key as a column",
+    schema=pa.schema([("day", pa.date32()), ("v", pa.float64())]),
+)
+
+
+def _check_partition_column_in_files(lake: Lake) -> None:
+    import datetime as dt
+
+    sql = "select day, typeof(day) as t, sum(v) as s from daily_things group by all order by day"
+    assert lake.query(sql, tables=[DAY_SPEC]).to_pylist() == []
+    for d in (dt.date(2026, 11, 21), dt.date(2026, 11, 22)):
+        rows = [{"day": d, "v": 1.5}, {"day": d, "v": float(d.day)}]
+        lake.write_partition(DAY_SPEC, d.isoformat(), pa.Table.from_pylist(rows, schema=DAY_SPEC.schema))
+    assert lake.query(sql, tables=[DAY_SPEC]).to_pylist() == [
+        {"day": "2026-11-21", "t": "VARCHAR", "s": 22.5},
+        {"day": "2026-11-22", "t": "VARCHAR", "s": 23.5},
+    ]
+
+
+def test_partition_key_also_a_column_locally(tmp_path):
+    _check_partition_column_in_files(Lake(str(tmp_path)))
+
+
+@pytest.mark.timeout(60)
+def test_partition_key_also_a_column_on_s3(s3_lake):
+    _check_partition_column_in_files(s3_lake[0])

@@ -10,7 +10,11 @@ value would override.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 RETRY_MODES = ("standard", "adaptive")
 
@@ -57,3 +61,36 @@ class AwsConfig:
         if self.endpoint_url:
             kwargs["endpoint_url"] = self.endpoint_url
         return session.client(service, **kwargs)
+
+
+_SERVICES_FILE = Path(__file__).resolve().parents[2] / "data" / "aws_services.yaml"
+
+
+@lru_cache(maxsize=1)
+def _ce_names() -> dict[str, str]:
+    raw = yaml.safe_load(_SERVICES_FILE.read_text())["services"]
+    return {name: code for code, names in raw.items() for name in names}
+
+
+def product_code(ce_service: str) -> str:
+    """Cost Explorer's SERVICE name → the CUR product code (unknown names are kept as they are)."""
+    return _ce_names().get(ce_service, ce_service)
+
+
+def ce_service_name(code: str) -> str:
+    """A CUR product code → Cost Explorer's (first) SERVICE name for it."""
+    for name, c in _ce_names().items():
+        if c == code:
+            return name
+    return code
+
+
+def tag_column(key: str) -> str:
+    """A tag key as CUR 2.0 and Cost Explorer spell it, normalised: 'user:Project', 'user_project' and
+    'Project' all become 'project'."""
+    k = key.strip()
+    for prefix in ("user:", "user_", "resource_tags_user_"):
+        if k.lower().startswith(prefix):
+            k = k[len(prefix) :]
+            break
+    return k.lower()

@@ -1,0 +1,103 @@
+"""The live cost estimate: price table × what ran, before Cost Explorer and CUR land (~24 h late).
+
+GPU nodes: node-hours from node_samples (each row stands for step_seconds of a node that reported) × the
+on-demand price of the node's instance type. A node that does not report (lost, replaced) is not billed by
+AWS either once its instance is gone, so counting reporting time matches the bill. FSx for Lustre: the file
+systems' provisioned storage × the GB-month price of their deployment type and throughput tier, prorated
+by the hours of the month (AWS's rule). Experiment attribution of shared nodes is not done here; the rows
+carry no tags (the GPU-hour allocation does it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import date, datetime, time, timezone
+from decimal import Decimal
+
+import pyarrow as pa
+
+from foxhunt_obs.lib.analysis.prices import PriceTable, hours_in_month
+from foxhunt_obs.lib.schemas import COSTS_DAILY
+
+# node-hours per node and instance type over one UTC day of node_samples (hour partitions of the day)
+NODE_HOURS_SQL = """
+SELECT node, coalesce(instance_type, '') AS instance_type, sum(step_seconds) / 3600.0 AS hours
+FROM node_samples
+WHERE hour >= $first_hour AND hour <= $last_hour
+GROUP BY ALL ORDER BY node, instance_type
+"""
+
+
+@dataclass(frozen=True)
+class StorageCapacity:
+    """A file system as priced: FSx's id, deployment type, throughput tier and provisioned GiB."""
+
+    id: str
+    deployment_type: str
+    per_unit_storage_throughput: int | None
+    storage_capacity_gib: int
+
+    @property
+    def price_key(self) -> str:
+        tier = self.per_unit_storage_throughput or (200 if self.deployment_type == "SCRATCH_2" else "")
+        return f"{self.deployment_type}/{tier}"
+
+
+@dataclass
+class Estimate:
+    table: pa.Table
+    unpriced: list[str]  # "node (instance type)" / "fs-id (key)" with no price: not in the estimate
+    node_hours: float
+
+
+def estimate_day(
+    day: date,
+    node_hours: Iterable[tuple[str, str, float]],
+    file_systems: Iterable[StorageCapacity],
+    prices: PriceTable,
+) -> Estimate:
+    rows: list[dict] = []
+    unpriced: list[str] = []
+    total_hours = 0.0
+    for node, instance_type, hours in node_hours:
+        total_hours += hours
+        price = prices.find("AmazonEC2", instance_type)
+        if price is None:
+            unpriced.append(f"{node} ({instance_type or 'no instance type label'})")
+            continue
+        rows.append(_row(day, "AmazonEC2", node, price.usd * Decimal(str(hours)), hours))
+    for fs in file_systems:
+        price = prices.find("AmazonFSx", fs.price_key)
+        if price is None:
+            unpriced.append(f"{fs.id} ({fs.price_key})")
+            continue
+        hourly = prices.per_hour(price, fs.storage_capacity_gib, day)
+        gb_month = Decimal(fs.storage_capacity_gib) * 24 / hours_in_month(day)
+        rows.append(_row(day, "AmazonFSx", fs.id, hourly * 24, float(gb_month)))
+    rows.sort(key=lambda r: (r["service"], r["resource_id"]))
+    return Estimate(pa.Table.from_pylist(rows, schema=COSTS_DAILY.schema), unpriced, total_hours)
+
+
+def _row(day: date, service: str, resource_id: str, cost: Decimal, quantity: float) -> dict:
+    usd = float(cost)
+    return {
+        "day": day,
+        "source": "estimate",
+        "project": "",
+        "environment": "",
+        "experiment": "",
+        "service": service,
+        "resource_id": resource_id,
+        "cost_usd": usd,
+        "amortized_usd": usd,
+        "usage_quantity": quantity,
+        "estimated": True,
+    }
+
+
+def node_hours(con, day: date) -> list[tuple[str, str, float]]:
+    """(node, instance type, hours reported) over the UTC day, from a lake connection's node_samples."""
+    first = datetime.combine(day, time(), tzinfo=timezone.utc)
+    params = {"first_hour": first.strftime("%Y-%m-%dT00"), "last_hour": first.strftime("%Y-%m-%dT23")}
+    return [tuple(r) for r in con.execute(NODE_HOURS_SQL, params).fetchall()]
