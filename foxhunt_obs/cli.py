@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 STATE_DIR = Path(".foxhunt/sandbox")
 DEFAULT_PORT = 19090
 MLFLOW_PORT = 15000
+MOTO_PORT = 15005
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     sb.add_argument("--scenario", default="default", help="scenario name or YAML path (default: default)")
     sb.add_argument("--port", type=int, default=DEFAULT_PORT)
     sb.add_argument("--mlflow-port", type=int, default=MLFLOW_PORT)
+    sb.add_argument("--moto-port", type=int, default=MOTO_PORT)
     sb.add_argument("--state-dir", type=Path, default=STATE_DIR)
 
     run = sub.add_parser("run", help="run a job over a partition range through Dagster (runs show in the UI)")
@@ -43,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--scenario", default="default")
     demo.add_argument("--port", type=int, default=DEFAULT_PORT)
     demo.add_argument("--mlflow-port", type=int, default=MLFLOW_PORT)
+    demo.add_argument("--moto-port", type=int, default=MOTO_PORT)
     demo.add_argument("--state-dir", type=Path, default=STATE_DIR)
     demo.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
 
@@ -67,7 +71,7 @@ def _hour(s: str) -> datetime:
 
 
 def _sandbox(args) -> int:
-    from foxhunt_obs.sandbox import mlflow_server
+    from foxhunt_obs.sandbox import mlflow_server, moto_server
     from foxhunt_obs.sandbox import prometheus as sandbox
 
     if args.action == "up":
@@ -75,35 +79,44 @@ def _sandbox(args) -> int:
         print(f"sandbox up, scenario {info['scenario']} {info['start']} .. {info['end']}:")
         print(f"  Prometheus {info['url']} (backfilled history; live fake exporter {info['exporter_url']})")
         print(f"  MLflow {info['mlflow_url']}")
+        print(f"  AWS (moto: FSx, CloudWatch, S3 with CUR 2.0, Cost Explorer, Budgets) {info['aws_url']}")
+        print('  eval "$(foxhunt-obs sandbox env)" points a shell at all three')
     elif args.action == "down":
         sandbox.down(args.state_dir)
         print("sandbox down")
     elif args.action == "status":
         info = sandbox.status(args.state_dir)
         ml = mlflow_server.mlflow_status(args.state_dir)
+        aws = moto_server.moto_status(args.state_dir)
         print(
-            json.dumps({"prometheus": info, "mlflow": ml}, indent=2, default=str)
+            json.dumps({"prometheus": info, "mlflow": ml, "aws": aws}, indent=2, default=str)
             if info
             else "sandbox not running"
         )
-        return 0 if info and ml else 1
+        return 0 if info and ml and aws else 1
     else:  # env: for eval "$(foxhunt-obs sandbox env)"
         info, ml = sandbox.status(args.state_dir), mlflow_server.mlflow_status(args.state_dir)
-        if not info or not ml:
+        aws = moto_server.moto_status(args.state_dir)
+        if not info or not ml or not aws:
             print("sandbox not running", file=sys.stderr)
             return 1
-        print(f"export FOXHUNT_PROMETHEUS_URL={info['url']} MLFLOW_TRACKING_URI={ml['url']}")
+        env = {"FOXHUNT_PROMETHEUS_URL": info["url"], "MLFLOW_TRACKING_URI": ml["url"]}
+        env.update(moto_server.sandbox_env(aws))
+        print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     return 0
 
 
 def _up(args) -> dict:
-    """Prometheus (with the live exporter) first: its up() clears the run dir MLflow's store goes in."""
+    """Prometheus (with the live exporter) first: its up() clears the run dir the others' files go in."""
     from foxhunt_obs.sandbox import prometheus as sandbox
     from foxhunt_obs.sandbox.mlflow_server import up_mlflow
+    from foxhunt_obs.sandbox.moto_server import sandbox_env, up_moto
 
     info = sandbox.up(args.scenario, args.state_dir, args.port)
     try:
         info["mlflow_url"] = up_mlflow(args.scenario, args.state_dir, args.mlflow_port)["url"]
+        aws = up_moto(args.scenario, args.state_dir, args.moto_port)
+        info["aws_url"], info["aws_env"] = aws["endpoint_url"], sandbox_env(aws)
     except BaseException:
         sandbox.down(args.state_dir)
         raise
@@ -254,6 +267,53 @@ def training_summary(day: str) -> str:
     return f"Training health and GPU use, {day} (lake {lake.root})\n" + rows.to_string(index=False)
 
 
+def costs_summary(day: str) -> str:
+    """Cost per experiment tag and source, the estimate-vs-bill gap, and FSx free space, for one day."""
+    from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.settings import env
+
+    lake = Lake(env("FOXHUNT_LAKE"))
+    con = lake.connect()
+    by_experiment = con.execute(
+        """SELECT coalesce(nullif(experiment, ''), '(shared: no Experiment tag)') AS experiment,
+                  round(sum(cost_usd) FILTER (WHERE source = 'cur'), 2) AS cur_usd,
+                  round(sum(cost_usd) FILTER (WHERE source = 'ce'), 2) AS cost_explorer_usd
+           FROM costs_daily WHERE day = $day AND source IN ('cur', 'ce') GROUP BY ALL ORDER BY experiment""",
+        {"day": day},
+    ).fetch_df()
+    gap = con.execute(
+        """SELECT service, round(sum(cost_usd) FILTER (WHERE source = 'estimate'), 2) AS estimate_usd,
+                  round(sum(cost_usd) FILTER (WHERE source = 'cur'), 2) AS cur_usd,
+                  round(sum(cost_usd) FILTER (WHERE source = 'ce'), 2) AS cost_explorer_usd,
+                  round(100 * (sum(cost_usd) FILTER (WHERE source = 'estimate')
+                        / nullif(sum(cost_usd) FILTER (WHERE source = 'cur'), 0) - 1), 3) AS estimate_gap_pct
+           FROM costs_daily WHERE day = $day GROUP BY ALL ORDER BY service""",
+        {"day": day},
+    ).fetch_df()
+    fsx = con.execute(
+        """SELECT file_system_name AS name, file_system_id,
+                  round(min(value) FILTER (WHERE statistic = 'Sum') / 1e9, 1) AS min_free_gb,
+                  round(min(value) FILTER (WHERE statistic = 'Minimum') / 1e9, 1) AS fullest_disk_free_gb
+           FROM fsx_metrics WHERE metric = 'FreeDataStorageCapacity' AND hour LIKE $day || 'T%'
+           GROUP BY ALL ORDER BY name""",
+        {"day": day},
+    ).fetch_df()
+    con.close()
+    return "\n".join(
+        [
+            f"Costs {day} by Experiment tag (USD; lake {lake.root}). Shared GPU nodes carry no Experiment tag:",
+            "their cost is split by GPU-hours held, not here.",
+            by_experiment.to_string(index=False),
+            "",
+            "Estimate (price table x node-hours, FSx storage) vs the bill, by service:",
+            gap.to_string(index=False),
+            "",
+            "FSx free space:",
+            fsx.to_string(index=False) if len(fsx) else "  no fsx_metrics rows",
+        ]
+    )
+
+
 def _demo(args) -> int:
     from foxhunt_obs.sandbox import prometheus as sandbox
 
@@ -261,7 +321,11 @@ def _demo(args) -> int:
     info = _up(args)
     os.environ["FOXHUNT_PROMETHEUS_URL"] = info["url"]
     os.environ["MLFLOW_TRACKING_URI"] = info["mlflow_url"]
-    print(f"sandbox: Prometheus {info['url']}, MLflow {info['mlflow_url']}, scenario {info['scenario']}")
+    os.environ.update(info["aws_env"])
+    print(
+        f"sandbox: Prometheus {info['url']}, MLflow {info['mlflow_url']}, AWS (moto) {info['aws_url']}, "
+        f"scenario {info['scenario']}"
+    )
     try:
         end = datetime.fromisoformat(str(info["end"])).astimezone(timezone.utc)
         start = end - timedelta(hours=24)
@@ -270,12 +334,18 @@ def _demo(args) -> int:
         ok = run_job("gpu_ingest_job", start.strftime("%Y-%m-%d-%H:%M"), last_hour.strftime("%Y-%m-%d-%H:%M"))
         ok = ok and run_job("gpu_hourly_job", day, last_hour.strftime("%Y-%m-%d"))
         ok = ok and run_job("training_job", day, day)
+        ok = ok and run_job(
+            "fsx_ingest_job", start.strftime("%Y-%m-%d-%H:%M"), last_hour.strftime("%Y-%m-%d-%H:%M")
+        )
+        ok = ok and run_job("costs_job", day, day)
         if not ok:
             return 1
         print()
         print(summary(start, end))
         print()
         print(training_summary(day))
+        print()
+        print(costs_summary(day))
     finally:
         if not args.keep:
             sandbox.down(args.state_dir)

@@ -172,6 +172,7 @@ def build_store(scenario: Scenario, cache_root: Path) -> Path:
     """The scenario's MLflow store (``mlflow.db``, ``artifacts/``, ``run_ids.json``: run_name → run_id),
     under ``<cache_root>/<name>-<fingerprint[:12]>-mlflow/mlflow``, built on first use: a server on a
     store in a temp dir beside it, ``log_scenario``, server stopped (sandbox/cache.py makes it atomic)."""
+
     def build(tmp: Path) -> None:
         store = tmp / "mlflow"
         with MlflowServer(store, workdir=tmp) as server:

@@ -359,10 +359,12 @@ def _state(state_dir: Path) -> dict | None:
 
 def down(state_dir: Path) -> None:
     """Stop the server recorded in ``state_dir/sandbox.json`` and remove its run dir; fine if none runs."""
-    from foxhunt_obs.sandbox.mlflow_server import down_mlflow  # it imports this module
+    from foxhunt_obs.sandbox.mlflow_server import down_mlflow  # both import this module
+    from foxhunt_obs.sandbox.moto_server import down_moto
 
     state_dir = Path(state_dir)
-    down_mlflow(state_dir)  # before run/ goes: its store lives there
+    down_mlflow(state_dir)  # before run/ goes: its store and the servers' logs live there
+    down_moto(state_dir)
     state = _state(state_dir)
     if state:
         for key in ("pid", "exporter_pid"):

@@ -24,6 +24,8 @@ YAML layout (see scenarios/small.yaml for a commented example)::
                      {kind: entropy_collapse, run, at_h}       # actor/entropy ~0.01 from at_h on
                      {kind: success_drop, run, at_h}           # success_rate falls to 40 % and stays
                      {kind: stall, run, at_h}]                 # a RUNNING run logs nothing from at_h on
+    aws:                                                                  # optional: see aws_scenario.py
+      {account_id, region, tags, fsx: [...], billed: {s3_buckets, eks_cluster}, budget, incidents: [fsx_fill]}
 
 The ``training`` block describes MLflow runs (``training.py`` writes them into a real MLflow store).
 A run's ``experiment`` must be a scenario experiment (it becomes the MLflow experiment name). A run with a
@@ -35,6 +37,9 @@ logs until the scenario ends, or until its ``stall``; one that ends earlier (its
 stall at or before that end (the trainer died and never terminated its run). A GPU ``stall`` incident
 on a run's pod pauses that run's logging for the stall's window (a hung trainer logs nothing); training
 incidents may not fall into such a pause. ``deleted: true`` deletes the run after it is logged.
+
+The ``aws`` block (aws_scenario.py) describes the bills and FSx file systems: bills.py is their exact truth
+and moto_server.py seeds a moto server with it. It changes no Prometheus or MLflow sample.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from foxhunt_obs.sandbox.aws_scenario import Aws, parse_aws
 
 # Bump whenever the generator writes different samples for the same YAML: it is part of the cache key.
 GENERATOR_VERSION = "1"
@@ -194,6 +201,7 @@ class Scenario:
     incidents: tuple[Incident, ...]
     source: str = field(default="", repr=False, compare=False)  # the YAML text, for the fingerprint
     training: Training | None = None  # the optional `training:` block (MLflow runs)
+    aws: Aws | None = None  # the optional `aws:` block (bills, FSx; bills.py, moto_server.py)
 
     @property
     def end(self) -> datetime:
@@ -281,7 +289,7 @@ class _Parser:
             raw,
             "top level",
             {"name", "start", "hours", "scrape_interval_s", "seed", "nodes", "experiments", "pods"},
-            {"node_defaults", "incidents", "description", "training"},
+            {"node_defaults", "incidents", "description", "training", "aws"},
         )
         start = top["start"]
         if isinstance(start, str):
@@ -313,6 +321,7 @@ class _Parser:
         self.check_outages(pods, incidents)
         self.gpu_incidents = incidents
         training = self.training(top["training"]) if top.get("training") is not None else None
+        aws = parse_aws(self, top["aws"]) if top.get("aws") is not None else None
         return Scenario(
             name=str(top["name"]),
             start=start,
@@ -325,6 +334,7 @@ class _Parser:
             incidents=incidents,
             source=source,
             training=training,
+            aws=aws,
         )
 
     def unique(self, items, kind: str) -> None:

@@ -64,7 +64,10 @@ def test_estimate_prices_node_hours_and_storage():
     est = estimate_day(
         day,
         [("ip-a", "p4de.24xlarge", 24.0), ("ip-b", "p4de.24xlarge", 22.0), ("cpu-1", "m9.large", 24.0)],
-        [StorageCapacity("fs-1", "PERSISTENT_2", 125, 4800)],
+        [
+            StorageCapacity("fs-1", "PERSISTENT_2", 125, 4800),
+            StorageCapacity("fs-gone", "PERSISTENT_2", 125, 4800, 0.0),
+        ],
         t,
     )
     rows = {r["resource_id"]: r for r in est.table.to_pylist()}

@@ -15,10 +15,16 @@ import pyarrow.compute as pc
 from foxhunt_obs.defs.gpu.assets import node_samples
 from foxhunt_obs.defs.partitions import DAILY, days_of
 from foxhunt_obs.defs.resources import AwsResource, LakeResource
-from foxhunt_obs.lib.analysis.cost_estimate import StorageCapacity, estimate_day, node_hours
+from foxhunt_obs.defs.storage.assets import fsx_metrics
+from foxhunt_obs.lib.analysis.cost_estimate import (
+    StorageCapacity,
+    estimate_day,
+    file_system_hours,
+    node_hours,
+)
 from foxhunt_obs.lib.analysis.prices import PriceError, load_price_table
 from foxhunt_obs.lib.lake import LakeError
-from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY, COSTS_HOURLY, NODE_SAMPLES
+from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY, COSTS_HOURLY, FSX_METRICS, NODE_SAMPLES
 from foxhunt_obs.lib.settings import cost_tags, csv_setting, env
 from foxhunt_obs.lib.sources.budgets import BudgetsError, BudgetsSource, account_id, forecast_table
 from foxhunt_obs.lib.sources.cost_explorer import CostExplorerError, CostExplorerSource
@@ -108,7 +114,11 @@ def costs_hourly(context: dg.AssetExecutionContext, lake: LakeResource, aws: Aws
 @dg.asset(
     partitions_def=DAILY,
     backfill_policy=dg.BackfillPolicy.single_run(),  # one Cost Explorer call chain for the whole window
-    deps=[costs_hourly, dg.AssetDep(node_samples, partition_mapping=dg.TimeWindowPartitionMapping())],
+    deps=[
+        costs_hourly,
+        dg.AssetDep(node_samples, partition_mapping=dg.TimeWindowPartitionMapping()),
+        dg.AssetDep(fsx_metrics, partition_mapping=dg.TimeWindowPartitionMapping()),
+    ],
     group_name="costs",
     kinds={"aws", "duckdb", "parquet"},
     check_specs=[
@@ -119,8 +129,9 @@ def costs_hourly(context: dg.AssetExecutionContext, lake: LakeResource, aws: Aws
         )
     ],
     description=(
-        "Daily cost by source (ce = Cost Explorer, cur = CUR 2.0, estimate = price table × node-hours and "
-        "FSx storage), project/environment/experiment tag, service and resource."
+        "Daily cost by source (ce = Cost Explorer, cur = CUR 2.0, estimate = price table × node-hours from "
+        "node_samples and FSx storage-hours from fsx_metrics), project/environment/experiment tag, service "
+        "and resource."
     ),
 )
 def costs_daily(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource):
@@ -136,11 +147,7 @@ def costs_daily(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsR
         prices = load_price_table(env("FOXHUNT_PRICE_REGION"))
     except SOURCE_ERRORS as e:
         raise dg.Failure(description=str(e)) from e
-    capacities = [
-        StorageCapacity(f.id, f.deployment_type, f.per_unit_storage_throughput, f.storage_capacity_gib)
-        for f in file_systems
-    ]
-    lake_con = store.connect([COSTS_HOURLY, NODE_SAMPLES])
+    lake_con = store.connect([COSTS_HOURLY, NODE_SAMPLES, FSX_METRICS])
     tables, unpriced, cur_totals = {}, set(), {}
     try:
         for day in days:
@@ -149,6 +156,17 @@ def costs_daily(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsR
             cur_totals[key] = lake_con.execute(
                 "SELECT coalesce(sum(cost_usd), 0) FROM costs_hourly WHERE day = $key", {"key": key}
             ).fetchone()[0]
+            fs_hours = file_system_hours(lake_con, day.date())
+            capacities = [
+                StorageCapacity(
+                    f.id,
+                    f.deployment_type,
+                    f.per_unit_storage_throughput,
+                    f.storage_capacity_gib,
+                    fs_hours.get(f.id, 0.0),
+                )
+                for f in file_systems
+            ]
             estimate = estimate_day(day.date(), node_hours(lake_con, day.date()), capacities, prices)
             unpriced.update(estimate.unpriced)
             ce_day = ce_table.filter(pc.equal(ce_table["day"], pa.scalar(day.date(), pa.date32())))

@@ -2,9 +2,9 @@
 
 GPU nodes: node-hours from node_samples (each row stands for step_seconds of a node that reported) × the
 on-demand price of the node's instance type. A node that does not report (lost, replaced) is not billed by
-AWS either once its instance is gone, so counting reporting time matches the bill. FSx for Lustre: the file
-systems' provisioned storage × the GB-month price of their deployment type and throughput tier, prorated
-by the hours of the month (AWS's rule). Experiment attribution of shared nodes is not done here; the rows
+AWS either once its instance is gone, so counting reporting time matches the bill. FSx for Lustre: the
+hours a file system published CloudWatch datapoints (fsx_metrics) × its provisioned storage × the GB-month
+price of its deployment type and throughput tier, prorated by the hours of the month (AWS's rule). Experiment attribution of shared nodes is not done here; the rows
 carry no tags (the GPU-hour allocation does it).
 """
 
@@ -28,15 +28,25 @@ WHERE hour >= $first_hour AND hour <= $last_hour
 GROUP BY ALL ORDER BY node, instance_type
 """
 
+# hours of the UTC day each file system reported its free capacity (one datapoint a period)
+FSX_HOURS_SQL = """
+SELECT file_system_id, count(DISTINCT ts) * any_value(period_seconds) / 3600.0 AS hours
+FROM fsx_metrics
+WHERE hour >= $first_hour AND hour <= $last_hour AND metric = 'FreeDataStorageCapacity'
+GROUP BY ALL ORDER BY file_system_id
+"""
+
 
 @dataclass(frozen=True)
 class StorageCapacity:
-    """A file system as priced: FSx's id, deployment type, throughput tier and provisioned GiB."""
+    """A file system as priced: FSx's id, deployment type, throughput tier, provisioned GiB and the hours
+    of the day it existed."""
 
     id: str
     deployment_type: str
     per_unit_storage_throughput: int | None
     storage_capacity_gib: int
+    hours: float = 24.0
 
     @property
     def price_key(self) -> str:
@@ -68,13 +78,16 @@ def estimate_day(
             continue
         rows.append(_row(day, "AmazonEC2", node, price.usd * Decimal(str(hours)), hours))
     for fs in file_systems:
+        if fs.hours <= 0:
+            continue
         price = prices.find("AmazonFSx", fs.price_key)
         if price is None:
             unpriced.append(f"{fs.id} ({fs.price_key})")
             continue
+        hours = Decimal(str(fs.hours))
         hourly = prices.per_hour(price, fs.storage_capacity_gib, day)
-        gb_month = Decimal(fs.storage_capacity_gib) * 24 / hours_in_month(day)
-        rows.append(_row(day, "AmazonFSx", fs.id, hourly * 24, float(gb_month)))
+        gb_month = Decimal(fs.storage_capacity_gib) * hours / hours_in_month(day)
+        rows.append(_row(day, "AmazonFSx", fs.id, hourly * hours, float(gb_month)))
     rows.sort(key=lambda r: (r["service"], r["resource_id"]))
     return Estimate(pa.Table.from_pylist(rows, schema=COSTS_DAILY.schema), unpriced, total_hours)
 
@@ -96,8 +109,16 @@ def _row(day: date, service: str, resource_id: str, cost: Decimal, quantity: flo
     }
 
 
+def _day_hours(day: date) -> dict[str, str]:
+    first = datetime.combine(day, time(), tzinfo=timezone.utc)
+    return {"first_hour": first.strftime("%Y-%m-%dT00"), "last_hour": first.strftime("%Y-%m-%dT23")}
+
+
 def node_hours(con, day: date) -> list[tuple[str, str, float]]:
     """(node, instance type, hours reported) over the UTC day, from a lake connection's node_samples."""
-    first = datetime.combine(day, time(), tzinfo=timezone.utc)
-    params = {"first_hour": first.strftime("%Y-%m-%dT00"), "last_hour": first.strftime("%Y-%m-%dT23")}
-    return [tuple(r) for r in con.execute(NODE_HOURS_SQL, params).fetchall()]
+    return [tuple(r) for r in con.execute(NODE_HOURS_SQL, _day_hours(day)).fetchall()]
+
+
+def file_system_hours(con, day: date) -> dict[str, float]:
+    """file system id -> hours of the UTC day it published datapoints, from a connection's fsx_metrics."""
+    return dict(con.execute(FSX_HOURS_SQL, _day_hours(day)).fetchall())
