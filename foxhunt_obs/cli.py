@@ -275,10 +275,11 @@ def costs_summary(day: str) -> str:
     lake = Lake(env("FOXHUNT_LAKE"))
     con = lake.connect()
     by_experiment = con.execute(
-        """SELECT coalesce(nullif(experiment, ''), '(shared: no Experiment tag)') AS experiment,
+        """SELECT coalesce(nullif(project, ''), '(untagged)') AS project,
+                  coalesce(nullif(experiment, ''), CASE WHEN project = '' THEN '' ELSE '(shared)' END) AS experiment,
                   round(sum(cost_usd) FILTER (WHERE source = 'cur'), 2) AS cur_usd,
                   round(sum(cost_usd) FILTER (WHERE source = 'ce'), 2) AS cost_explorer_usd
-           FROM costs_daily WHERE day = $day AND source IN ('cur', 'ce') GROUP BY ALL ORDER BY experiment""",
+           FROM costs_daily WHERE day = $day AND source IN ('cur', 'ce') GROUP BY ALL ORDER BY ALL""",
         {"day": day},
     ).fetch_df()
     gap = con.execute(
@@ -301,11 +302,12 @@ def costs_summary(day: str) -> str:
     con.close()
     return "\n".join(
         [
-            f"Costs {day} by Experiment tag (USD; lake {lake.root}). Shared GPU nodes carry no Experiment tag:",
-            "their cost is split by GPU-hours held, not here.",
+            f"Costs {day} by Project and Experiment tag (USD; lake {lake.root}). Shared GPU nodes and the",
+            "file system carry no Experiment tag: their split by GPU-hours held is utilization_per_dollar's.",
             by_experiment.to_string(index=False),
             "",
-            "Estimate (price table x node-hours, FSx storage) vs the bill, by service:",
+            "Estimate (price table x node-hours and FSx storage-hours) vs the bill, by service (EKS and S3",
+            "are not estimated: no usage series for them):",
             gap.to_string(index=False),
             "",
             "FSx free space:",

@@ -62,7 +62,13 @@ PUT_BATCH = 1000  # MetricData items per put_metric_data (the API's limit)
 
 def moto_script() -> Path:
     """The ``moto_server`` console script of the running interpreter's environment."""
-    return Path(sys.executable).parent / "moto_server"
+    script = Path(sys.executable).parent / "moto_server"
+    if not script.exists():
+        raise SandboxError(
+            f"no {script}: the sandbox's AWS stand-in needs moto[server] (pip install -e '.[dev]', "
+            "which `make demo` does)"
+        )
+    return script
 
 
 def _ready(url: str, timeout: float = 2.0) -> bool:

@@ -213,6 +213,7 @@ def test_restated_days_replace_and_a_missing_manifest_is_not_ingested(small, aws
     assert ce_after.cost_usd.sum() == pytest.approx(1.1 * ce_before.cost_usd.sum(), abs=CENT)
     assert "cur" not in set(after.source) and lake.read_partition(COSTS_HOURLY, DAY).num_rows == 0
     assert metadata(result, "costs_hourly")["billing_periods_without_manifest"] == "2026-11"
+
     # node-hours are unchanged (the reset gave the file system a new id, so compare the nodes only)
     def nodes(rows):
         return rows[(rows.source == "estimate") & (rows.service == "AmazonEC2")].reset_index(drop=True)
@@ -233,3 +234,17 @@ def test_a_dead_endpoint_names_the_source_and_partition(env, ingested, monkeypat
     assert "testing" not in message  # no credentials in messages
     assert lake.read_partition(FSX_METRICS, "2026-11-16T03").equals(before)
     assert datetime.now(timezone.utc) - started < timedelta(seconds=90)
+
+
+def test_the_demo_summary_shows_costs_gap_and_free_space(small, ingested):
+    from foxhunt_obs.cli import costs_summary
+
+    day = date.fromisoformat(DAY)
+    text = costs_summary(DAY)
+    untagged = sum(v for k, v in bills.daily_costs(small, day).items() if k[0] == "")
+    (line,) = [x.split() for x in text.splitlines() if x.strip().startswith("(untagged)")]
+    assert line == ["(untagged)", f"{float(untagged):.2f}", f"{float(untagged):.2f}"]
+    for name in ("ppo-humanoid", "dqn-atari", "AmazonEC2", "AmazonFSx", "foxhunt-scratch"):
+        assert name in text
+    low = min(v for _, v in bills.fsx_free_sum(small, "foxhunt-scratch", small.start, small.end))
+    assert f"{low / 1e9:.1f}" in text
