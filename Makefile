@@ -5,9 +5,9 @@ STAMP := .venv/.installed-$(shell cat pyproject.toml exporter/pyproject.toml | s
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.foxhunt/dagster_home
 
-.PHONY: demo test ui bench lint install prometheus sandbox-down
+.PHONY: demo test ui bench lint install prometheus chromium sandbox-down
 
-install: $(STAMP) prometheus
+install: $(STAMP) prometheus chromium
 
 $(STAMP):
 	@command -v python3 >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3 python3-venv; }
@@ -20,6 +20,13 @@ prometheus:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
 	  echo "installing Prometheus (Debian package)"; \
 	  $(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y prometheus; \
+	fi
+
+# Headless Chromium renders the weekly report's HTML in the tests (foxhunt_obs_tests/delivery).
+chromium:
+	@if ! command -v chromium >/dev/null; then \
+	  echo "installing Chromium (Debian package)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
 	fi
 
 demo: install

@@ -4,11 +4,13 @@ from datetime import datetime, timedelta
 
 import dagster as dg
 
-from foxhunt_obs.lib.settings import partitions_start
+from foxhunt_obs.lib.settings import env, partitions_start
 
 _START = partitions_start().strftime("%Y-%m-%d-%H:%M")
 HOURLY = dg.HourlyPartitionsDefinition(start_date=_START, timezone="UTC")
 DAILY = dg.DailyPartitionsDefinition(start_date=_START[:10], timezone="UTC")
+# Weeks start Monday 00:00 UTC (day_offset=1); the first is the first Monday on or after the start.
+WEEKLY = dg.WeeklyPartitionsDefinition(start_date=_START[:10], day_offset=1, timezone="UTC")
 
 
 def hours_of(window: dg.TimeWindow) -> list[datetime]:
@@ -26,3 +28,19 @@ def days_of(window: dg.TimeWindow) -> list[datetime]:
         out.append(t)
         t += timedelta(days=1)
     return out
+
+
+def range_request(first, last, why: str) -> list[dg.RunRequest]:
+    """One run over the days first..last (clipped to the first partition; none when empty)."""
+    first = max(first, partitions_start().date())
+    if first > last:
+        return []
+    a, b = first.strftime("%Y-%m-%d"), last.strftime("%Y-%m-%d")
+    tags = {"dagster/asset_partition_range_start": a, "dagster/asset_partition_range_end": b, "why": why}
+    return [dg.RunRequest(run_key=f"{why}-{a}-{b}", tags=tags)]
+
+
+def trailing_days(today) -> tuple:
+    """The FOXHUNT_CE_RESTATE_DAYS days up to yesterday: what Cost Explorer may still restate."""
+    yesterday = today - timedelta(days=1)
+    return yesterday - timedelta(days=max(1, int(env("FOXHUNT_CE_RESTATE_DAYS"))) - 1), yesterday

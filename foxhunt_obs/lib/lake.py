@@ -13,6 +13,7 @@ is not stored in the file; readers get it from the path, as a VARCHAR.
 
 from __future__ import annotations
 
+import mimetypes
 import os
 import uuid
 from collections.abc import Iterable
@@ -208,6 +209,62 @@ class Lake:
                 values.add(folder[len(prefix) :])
         return sorted(values)
 
+    # -- plain files (reports, charts) ----------------------------------------------------------------
+    def _file_path(self, relative: str, what: str) -> str:
+        """``<base>/<relative>`` for ``self.fs``; refuses absolute paths, empty parts, "." and ".."."""
+        parts = relative.split("/") if isinstance(relative, str) else []
+        if not parts or "\\" in relative or any(p in ("", ".", "..") for p in parts):
+            raise LakeError(f"lake {self.root}: invalid {what} {relative!r} (want a/b/c under the root)")
+        return f"{self._base()}/{relative}"
+
+    def write_files(self, prefix: str, files: dict[str, bytes]) -> list[str]:
+        """Write each ``name -> bytes`` under ``<root>/<prefix>/``, atomically per file (temp + fsync +
+        rename locally, one PUT on S3); a file of the same name is replaced, other files are left alone.
+        Returns the full paths (s3:// URIs on S3), in the order given."""
+        folder = self._file_path(prefix, "file prefix")
+        targets = {name: self._file_path(f"{prefix}/{name}", "file name") for name in files}
+        for name in files:
+            if "/" in name:
+                raise LakeError(f"lake {self.root}: invalid file name {name!r} under {prefix!r} (no folders)")
+        written = []
+        for name, body in files.items():
+            final = targets[name]
+            try:
+                if self.is_s3:
+                    content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+                    # one PutObject for bodies under ~10 MiB (see `fs`): the object appears whole or not at all
+                    with self.fs.open_output_stream(final, metadata={"Content-Type": content_type}) as out:
+                        out.write(body)
+                else:
+                    os.makedirs(folder, exist_ok=True)
+                    tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+                    try:
+                        with open(tmp, "wb") as f:
+                            f.write(body)
+                            f.flush()
+                            os.fsync(f.fileno())
+                        os.replace(tmp, final)
+                    finally:
+                        if os.path.exists(tmp):
+                            os.remove(tmp)
+            except Exception as e:
+                raise LakeError(f"lake {self.root}, file {prefix}/{name}: write failed: {e!r}") from e
+            written.append(self._url(final))
+        if written and not self.is_s3:
+            _fsync_dir(folder)
+        return written
+
+    def read_file(self, path: str) -> bytes | None:
+        """The bytes of ``<root>/<path>``, or None when there is no such file."""
+        full = self._file_path(path, "file path")
+        try:
+            if self.fs.get_file_info(full).type != pafs.FileType.File:
+                return None
+            with self.fs.open_input_stream(full) as f:
+                return f.read()
+        except Exception as e:
+            raise LakeError(f"lake {self.root}, file {path}: read failed: {e!r}") from e
+
     def connect(self, tables: Iterable[TableSpec] | None = None) -> duckdb.DuckDBPyConnection:
         """A fresh in-memory DuckDB connection with one view per table (default: every known table)."""
         con = duckdb.connect(":memory:")
@@ -243,9 +300,12 @@ class Lake:
             con.register(source, dataset)
         else:
             glob = _sql_str(f"{self._table_dir(spec)}/*/*.parquet")
+            # Columns grow: partitions written before a column existed read it as NULL, as on S3.
+            empty = f"_lake_{spec.name}_columns"
+            con.register(empty, full_schema.empty_table())
             source = (
-                f"read_parquet({glob}, hive_partitioning=true, union_by_name=true, "
-                f"hive_types={{{_sql_str(spec.partition)}: 'VARCHAR'}})"
+                f"(SELECT * FROM {empty} UNION ALL BY NAME SELECT * FROM read_parquet({glob}, "
+                f"hive_partitioning=true, union_by_name=true, hive_types={{{_sql_str(spec.partition)}: 'VARCHAR'}}))"
             )
         select = f'* REPLACE (CAST("{spec.partition}" AS VARCHAR) AS "{spec.partition}")' if in_files else "*"
         con.execute(f'CREATE VIEW "{spec.name}" AS SELECT {select} FROM {source}')

@@ -67,6 +67,7 @@ NODE_SAMPLES = TableSpec(
             ("ts", TS),
             ("node", pa.string()),
             ("instance_type", pa.string()),
+            ("instance_id", pa.string()),  # EC2 instance (kube_node_info provider_id) at ts; '' unknown
             ("cpu_busy", pa.float64()),  # ratio 0-1, mean over CPUs
             ("mem_used_bytes", pa.float64()),  # MemTotal - MemAvailable
             ("mem_total_bytes", pa.float64()),
@@ -288,6 +289,83 @@ BUDGETS = TableSpec(
     ),
 )
 
+COST_ALLOCATION = TableSpec(
+    name="cost_allocation",
+    partition="day",
+    doc=(
+        "Per GPU-hour (kind gpu): its node's cost for the hour ÷ GPUs reporting, charged to the holder pod's "
+        "experiment for the share of the hour held (allocated_usd), the rest cluster idle (unallocated_usd). "
+        "Plus the day's bill lines on no node-hour: kind tagged (to their Experiment tag) or shared (by "
+        "GPU-hours held), and node_without_gpus. Per day, allocated + unallocated = the bill."
+    ),
+    schema=pa.schema(
+        [
+            ("hour", TS),
+            ("node", pa.string()),
+            ("gpu", pa.int32()),  # null for rows that are no GPU's
+            ("uuid", pa.string()),
+            ("pod", pa.string()),
+            ("namespace", pa.string()),
+            ("experiment", pa.string()),  # '' = nobody: cluster idle
+            ("kind", pa.string()),  # gpu / tagged / shared / node_without_gpus
+            ("service", pa.string()),
+            ("resource_id", pa.string()),  # the node's EC2 instance id(s), or the bill line's resource
+            ("gpu_seconds", pa.float64()),  # seconds the GPU reported in the hour
+            ("held_seconds", pa.float64()),  # seconds a pod held it
+            ("active_gpu_seconds", pa.float64()),  # Σ util × Δt
+            ("energy_kwh", pa.float64()),
+            ("allocated_usd", pa.float64()),
+            ("unallocated_usd", pa.float64()),  # cluster idle
+            ("idle_usd", pa.float64()),  # allocated $ × (1 − active fraction)
+            ("cost_source", pa.string()),  # cur / estimate / cur+estimate
+        ]
+    ),
+)
+
+UTILIZATION_PER_DOLLAR = TableSpec(
+    name="utilization_per_dollar",
+    partition="day",
+    doc="Experiment × day: GPU-hours, active GPU-hours, cost, idle cost, active GPU-hours per $, $ per active GPU-hour.",
+    schema=pa.schema(
+        [
+            ("day", pa.date32()),
+            ("experiment", pa.string()),  # "(cluster idle)": GPU time no pod held, cost nobody was charged
+            ("gpu_hours", pa.float64()),
+            ("active_gpu_hours", pa.float64()),
+            ("mean_util", pa.float64()),
+            ("allocated_usd", pa.float64()),
+            ("idle_usd", pa.float64()),
+            ("active_gpu_hours_per_usd", pa.float64()),  # utilization per dollar: higher is better
+            ("usd_per_active_gpu_hour", pa.float64()),
+            ("energy_kwh", pa.float64()),
+            ("cost_source", pa.string()),
+        ]
+    ),
+)
+
+OUTCOME_PER_DOLLAR = TableSpec(
+    name="outcome_per_dollar",
+    partition="day",
+    doc="Per MLflow run alive that day: success_rate at start and at the day's end, $ spent on its pod, $ per point.",
+    schema=pa.schema(
+        [
+            ("day", pa.date32()),
+            ("run_id", pa.string()),
+            ("run_name", pa.string()),
+            ("experiment", pa.string()),
+            ("pod", pa.string()),
+            ("status", pa.string()),
+            ("success_start", pa.float64()),
+            ("success_end", pa.float64()),  # the last value up to the day's end
+            ("success_best", pa.float64()),
+            ("success_gained_points", pa.float64()),  # 100 × (end − start)
+            ("usd", pa.float64()),  # its pod's allocated GPU cost up to the day's end
+            ("idle_usd", pa.float64()),
+            ("usd_per_point", pa.float64()),  # null when nothing was gained
+        ]
+    ),
+)
+
 TABLES: dict[str, TableSpec] = {
     t.name: t
     for t in (
@@ -302,5 +380,8 @@ TABLES: dict[str, TableSpec] = {
         COSTS_HOURLY,
         COSTS_DAILY,
         BUDGETS,
+        COST_ALLOCATION,
+        UTILIZATION_PER_DOLLAR,
+        OUTCOME_PER_DOLLAR,
     )
 }

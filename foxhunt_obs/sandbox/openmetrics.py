@@ -7,7 +7,10 @@ What a real cluster's Prometheus would hold, scrape by scrape:
   ``job``/``instance``; ``namespace``/``pod``/``container`` only while a pod holds the GPU, so a GPU's
   series changes identity when its pod changes, as it does in production.
 * node_exporter (cpu, memory, network) with ``instance="<node>:9100"``.
-* kube-state-metrics ``kube_pod_labels`` (while the pod exists) and ``kube_node_labels``.
+* kube-state-metrics ``kube_pod_labels`` (while the pod exists), ``kube_node_labels`` and
+  ``kube_node_info`` (``provider_id="aws:///<az>/<instance id>"``, ``internal_ip`` where the node's name
+  is an EC2 private DNS name): one series per EC2 instance of the node, while that instance exists
+  (``truth.node_instances``), so a ``node_lost`` outage has none and the replacement is a new series.
 * ``up`` for the dcgm-exporter and node-exporter targets: 0 while the node is lost, as Prometheus
   records a failed scrape (the other series simply have no samples then).
 
@@ -18,6 +21,7 @@ its whole input once per 2-hour block it cuts: one big file would cost quadratic
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from datetime import datetime, timezone
@@ -52,13 +56,19 @@ NODE_METRICS = (
     "node_network_transmit_bytes_total",
     "node_network_receive_bytes_total",
 )
-KSM_METRICS = ("kube_pod_labels", "kube_node_labels")
+KSM_METRICS = ("kube_pod_labels", "kube_node_labels", "kube_node_info")
 ALL_METRICS = (*DCGM_METRICS, "up", *NODE_METRICS, *KSM_METRICS)
 
 
 def _labels(**labels: str) -> str:
     esc = (str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for v in labels.values())
     return ",".join(f'{k}="{v}"' for k, v in zip(labels, esc))
+
+
+def _internal_ip(node: str) -> dict[str, str]:
+    """``internal_ip`` from an EC2 private DNS name (ip-10-0-1-11 -> 10.0.1.11); none for other names."""
+    m = re.fullmatch(r"ip-(\d+)-(\d+)-(\d+)-(\d+)(\..*)?", node)
+    return {"internal_ip": ".".join(m.groups()[:4])} if m else {}
 
 
 def _pci_bus_id(gpu: int) -> str:
@@ -213,7 +223,13 @@ def _series(
                     ones,
                     alive,
                 )
-        else:
+        elif family == "kube_node_labels":
             for node in scenario.nodes:
                 it = node.instance_type
                 yield _labels(node=node.name, label_node_kubernetes_io_instance_type=it, **ksm), ones, None
+        else:  # kube_node_info: one series per instance, absent while the node has none
+            for node in scenario.nodes:
+                for iid, alive in truth.node_instances(scenario, node.name):
+                    pid = truth.provider_id(scenario, iid)
+                    labels = _labels(node=node.name, **_internal_ip(node.name), provider_id=pid, **ksm)
+                    yield labels, ones, alive

@@ -56,7 +56,7 @@ import yaml
 from foxhunt_obs.sandbox.aws_scenario import Aws, parse_aws
 
 # Bump whenever the generator writes different samples for the same YAML: it is part of the cache key.
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 INCIDENT_KINDS = ("stall", "ecc_sbe", "ecc_dbe", "node_lost")
 TRAINING_INCIDENT_KINDS = ("nan_loss", "entropy_collapse", "success_drop", "stall")

@@ -18,6 +18,10 @@ Per-GPU series, dcgm-exporter units (canonical lake units alongside, see lib/sch
 
 A lost node's GPUs and node_exporter keep running in the truth (counters keep counting) but none of
 their samples appear in the tables or the OpenMetrics files.
+
+Nodes are EC2 instances (``bills.instances``): ``instance_id`` is ``i-0`` + 16 hex digits, and a
+``node_lost`` incident replaces the instance (the old id up to the loss, a new one from the incident's
+end, none in between). kube-state-metrics tells it as ``kube_node_info{provider_id="aws:///<az>/<id>"}``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from datetime import datetime
 import numpy as np
 import pandas as pd
 
+from foxhunt_obs.sandbox import bills
 from foxhunt_obs.sandbox.scenario import Node, Scenario
 
 UNATTRIBUTED = "unattributed"
@@ -64,6 +69,34 @@ def observed(scenario: Scenario, node: str) -> np.ndarray:
         if inc.kind == "node_lost" and inc.node == node:
             up[_steps(scenario, inc.start_s, inc.end_s)] = False
     return up
+
+
+def availability_zone(scenario: Scenario) -> str:
+    """Every node's zone: the first of the ``aws:`` block's region (us-east-1 without one)."""
+    return f"{scenario.aws.region if scenario.aws else 'us-east-1'}a"
+
+
+def provider_id(scenario: Scenario, instance_id: str) -> str:
+    """A node's ``spec.providerID`` on EKS, as kube_node_info's ``provider_id`` label carries it."""
+    return f"aws:///{availability_zone(scenario)}/{instance_id}"
+
+
+def node_instances(scenario: Scenario, node: str) -> list[tuple[str, np.ndarray]]:
+    """(instance id, True at the scrapes it stands for the node) of each of the node's instances."""
+    ts = grid_seconds(scenario)
+    return [
+        (i.instance_id, (ts >= i.start.timestamp()) & (ts < i.end.timestamp()))
+        for i in bills.instances(scenario)
+        if i.node == node
+    ]
+
+
+def instance_ids(scenario: Scenario, node: str) -> np.ndarray:
+    """The node's EC2 instance id at every scrape of the grid, '' where it has none (lost)."""
+    out = np.full(scenario.steps, "", dtype=object)
+    for iid, alive in node_instances(scenario, node):
+        out[alive] = iid
+    return out
 
 
 def gpu_track(scenario: Scenario, node: Node, gpu: int) -> dict[str, np.ndarray]:
@@ -227,14 +260,20 @@ NODE_COLUMNS = (
 
 
 def node_samples(scenario: Scenario) -> pd.DataFrame:
-    """One row per node per scrape, lost scrapes excluded: ts, node, instance_type, cpu_busy (0-1, mean
-    over CPUs), mem_total_bytes, mem_used_bytes, net_tx/rx_bytes_per_second."""
+    """One row per node per scrape, lost scrapes excluded: ts, node, instance_type, instance_id (the EC2
+    instance at that scrape), cpu_busy (0-1, mean over CPUs), mem_total_bytes, mem_used_bytes,
+    net_tx/rx_bytes_per_second."""
     ts = grid_seconds(scenario)
     parts = []
     for node in scenario.nodes:
         up = observed(scenario, node.name)
         t = node_track(scenario, node)
-        part = {"ts": ts[up], "node": node.name, "instance_type": node.instance_type}
+        part = {
+            "ts": ts[up],
+            "node": node.name,
+            "instance_type": node.instance_type,
+            "instance_id": instance_ids(scenario, node.name)[up],
+        }
         parts.append(pd.DataFrame({**part, **{c: t[c][up] for c in NODE_COLUMNS}}))
     df = pd.concat(parts, ignore_index=True)
     df["ts"] = pd.to_datetime(df["ts"], unit="s", utc=True).astype("datetime64[ns, UTC]")

@@ -2,6 +2,7 @@
 
 import pytest
 
+from foxhunt_obs.sandbox.mlflow_server import build_store
 from foxhunt_obs.sandbox.prometheus import PrometheusServer, build_tsdb, copy_tsdb
 from foxhunt_obs.sandbox.scenario import load_scenario
 
@@ -14,6 +15,12 @@ def small():
 @pytest.fixture(scope="session")
 def small_tsdb(small, tmp_path_factory):
     return build_tsdb(small, tmp_path_factory.mktemp("sandbox-cache"))
+
+
+@pytest.fixture(scope="session")
+def small_mlflow_store(small, tmp_path_factory):
+    """The small scenario's MLflow store, built once (runs logged into a real server)."""
+    return build_store(small, tmp_path_factory.mktemp("mlflow-cache"))
 
 
 @pytest.fixture(scope="session")

@@ -17,10 +17,11 @@ import pytest
 from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES, NODE_SAMPLES
-from foxhunt_obs.sandbox import truth
+from foxhunt_obs.sandbox import bills, truth
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = "2026-11-16"
+STEP = timedelta(seconds=15)  # the small scenario's scrape interval
 GPU_CANONICAL = [
     "util",
     "mem_used_bytes",
@@ -75,9 +76,7 @@ def ingested(small, lake_env):
 
 
 def _failure(result) -> str:
-    return "\n".join(
-        e.step_failure_data.error.message for e in result.all_events if e.is_step_failure
-    )
+    return "\n".join(e.step_failure_data.error.message for e in result.all_events if e.is_step_failure)
 
 
 def _lake_df(lake: Lake, table: str, order: str) -> pd.DataFrame:
@@ -155,6 +154,19 @@ def test_node_samples(small, ingested):
     m = expected.merge(got, on=["ts", "node"], suffixes=("_t", ""))
     assert len(m) == len(expected)
     assert (m["instance_type"] == m["instance_type_t"]).all()
+    assert (m["instance_id"] == m["instance_id_t"]).all()  # the EC2 instance at every step
+    # ip-10-0-1-12's instance is replaced by its outage: the old id up to the loss, a new one after it
+    (lost,) = truth.lost_windows(small)
+    old, new = [i for i in bills.instances(small) if i.node == lost.node]
+    ids = m[m["node"] == lost.node].groupby("instance_id")["ts"].agg(["min", "max", "size"])
+    assert ids.to_dict("index") == {
+        old.instance_id: {
+            "min": small.start,
+            "max": lost.start - STEP,
+            "size": (lost.start - small.start) // STEP,
+        },
+        new.instance_id: {"min": lost.end, "max": small.end - STEP, "size": (small.end - lost.end) // STEP},
+    }
     np.testing.assert_array_equal(m["mem_used_bytes"], m["mem_used_bytes_t"])
     np.testing.assert_array_equal(m["mem_total_bytes"], m["mem_total_bytes_t"])
     # cpu_busy is 1 - rate(idle[4 steps]): the mean of the 4 steps ending at t, where all 5 samples exist.

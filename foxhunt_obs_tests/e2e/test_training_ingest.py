@@ -14,7 +14,7 @@ from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import TRAINING_METRICS, TRAINING_RUNS
 from foxhunt_obs.sandbox import training
-from foxhunt_obs.sandbox.mlflow_server import MlflowServer, build_store, copy_store
+from foxhunt_obs.sandbox.mlflow_server import MlflowServer, copy_store
 
 DAY = "2026-11-16"
 
@@ -39,8 +39,8 @@ def materialization(result, key: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def store(small, tmp_path_factory):
-    return build_store(small, tmp_path_factory.mktemp("mlflow-cache"))
+def store(small_mlflow_store):
+    return small_mlflow_store
 
 
 @pytest.fixture(scope="module")

@@ -308,3 +308,95 @@ def test_partition_key_also_a_column_locally(tmp_path):
 @pytest.mark.timeout(60)
 def test_partition_key_also_a_column_on_s3(s3_lake):
     _check_partition_column_in_files(s3_lake[0])
+
+
+def test_a_column_added_later_reads_as_null_in_old_partitions(tmp_path):
+    old = TableSpec("grown", "hour", pa.schema([("gpu", pa.int32())]), "before")
+    new = TableSpec("grown", "hour", pa.schema([("gpu", pa.int32()), ("instance_id", pa.string())]), "after")
+    lake = Lake(str(tmp_path))
+    lake.write_partition(old, H1, pa.table({"gpu": pa.array([0], pa.int32())}))
+    sql = "select hour, gpu, instance_id from grown order by hour"
+    assert lake.query(sql, tables=[new]).to_pylist() == [{"hour": H1, "gpu": 0, "instance_id": None}]
+    lake.write_partition(new, H2, pa.table({"gpu": pa.array([1], pa.int32()), "instance_id": ["i-1"]}))
+    assert lake.query(sql, tables=[new]).to_pylist() == [
+        {"hour": H1, "gpu": 0, "instance_id": None},
+        {"hour": H2, "gpu": 1, "instance_id": "i-1"},
+    ]
+
+
+# -- plain files: write_files / read_file ------------------------------------------------------------------
+REPORT_PREFIX = "reports/week=2026-11-16"
+REPORT_FILES = {
+    "report.html": b"<!DOCTYPE html><p>hi</p>",
+    "daily_spend.png": b"\x89PNG\r\n\x1a\n" + bytes(range(256)),
+}
+
+
+def test_write_files_and_read_back(lake, tmp_path):
+    paths = lake.write_files(REPORT_PREFIX, REPORT_FILES)
+    folder = tmp_path / "lake" / "reports" / "week=2026-11-16"
+    assert paths == [str(folder / "report.html"), str(folder / "daily_spend.png")]
+    for name, body in REPORT_FILES.items():
+        assert open(folder / name, "rb").read() == body
+        assert lake.read_file(f"{REPORT_PREFIX}/{name}") == body
+    assert lake.read_file(f"{REPORT_PREFIX}/missing.png") is None
+    assert lake.read_file("reports") is None  # a folder is not a file
+    # a rewrite replaces the named file and leaves the others
+    lake.write_files(REPORT_PREFIX, {"report.html": b"v2"})
+    assert lake.read_file(f"{REPORT_PREFIX}/report.html") == b"v2"
+    assert lake.read_file(f"{REPORT_PREFIX}/daily_spend.png") == REPORT_FILES["daily_spend.png"]
+    assert _files(lake.root) == [f"{REPORT_PREFIX}/daily_spend.png", f"{REPORT_PREFIX}/report.html"]
+    # plain files do not disturb the tables' views
+    assert lake.query("select count(*) as c from things", tables=[SPEC]).column("c").to_pylist() == [0]
+
+
+@pytest.mark.parametrize("prefix, name", [("", "a.html"), ("../up", "a.html"), ("/abs", "a.html"),
+                                          ("a//b", "a.html"), ("ok", "../a.html"), ("ok", "sub/a.html"),
+                                          ("ok", ""), ("a\\b", "a.html")])  # fmt: skip
+def test_write_files_refuses_paths_outside_the_prefix(lake, tmp_path, prefix, name):
+    with pytest.raises(LakeError, match="invalid"):
+        lake.write_files(prefix, {name: b"x"})
+    assert not (tmp_path / "lake").exists() and not (tmp_path / "a.html").exists()
+
+
+@pytest.mark.parametrize("path", ["", "../x", "/etc/passwd", "a/./b"])
+def test_read_file_refuses_paths_outside_the_root(lake, path):
+    with pytest.raises(LakeError, match="invalid file path"):
+        lake.read_file(path)
+
+
+def test_failed_file_write_keeps_previous_version(lake, monkeypatch):
+    lake.write_files(REPORT_PREFIX, {"report.html": b"v1"})
+
+    def boom(*a, **k):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(lake_mod.os, "replace", boom)
+    with pytest.raises(LakeError, match=r"reports/week=2026-11-16/report.html: write failed.*disk on fire"):
+        lake.write_files(REPORT_PREFIX, {"report.html": b"v2"})
+    monkeypatch.undo()
+    assert lake.read_file(f"{REPORT_PREFIX}/report.html") == b"v1"
+    assert _files(lake.root) == [f"{REPORT_PREFIX}/report.html"]  # no temp file left behind
+
+
+@pytest.mark.timeout(60)
+def test_write_files_on_s3(s3_lake):
+    lake, s3 = s3_lake
+    assert lake.read_file(f"{REPORT_PREFIX}/report.html") is None
+    paths = lake.write_files(REPORT_PREFIX, REPORT_FILES)
+    assert paths == [
+        f"s3://bucket/lake/{REPORT_PREFIX}/report.html",
+        f"s3://bucket/lake/{REPORT_PREFIX}/daily_spend.png",
+    ]
+    for name, body in REPORT_FILES.items():
+        key = f"lake/{REPORT_PREFIX}/{name}"
+        obj = s3.get_object(Bucket="bucket", Key=key)
+        assert obj["Body"].read() == body
+        assert obj["ContentType"] == {"report.html": "text/html", "daily_spend.png": "image/png"}[name]
+        assert lake.read_file(f"{REPORT_PREFIX}/{name}") == body
+    lake.write_files(REPORT_PREFIX, {"report.html": b"v2"})
+    assert lake.read_file(f"{REPORT_PREFIX}/report.html") == b"v2"
+    assert lake.read_file(f"{REPORT_PREFIX}/missing.png") is None
+    assert lake.read_file("reports") is None
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="bucket", Prefix="lake/reports/")["Contents"])
+    assert keys == [f"lake/{REPORT_PREFIX}/daily_spend.png", f"lake/{REPORT_PREFIX}/report.html"]

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pandas as pd
 import pytest
 
-from foxhunt_obs.sandbox import prometheus, truth
+from foxhunt_obs.sandbox import bills, prometheus, truth
 from foxhunt_obs.sandbox.cache import COMPLETE
 from foxhunt_obs.sandbox.prometheus import PrometheusServer, SandboxError, build_tsdb, copy_tsdb
 from foxhunt_obs.sandbox.scenario import load_scenario
@@ -60,9 +60,7 @@ def instant(url: str, query: str, at: datetime) -> list[dict]:
 def test_cache_is_complete_and_reused(cache, small):
     root, tsdb = cache
     assert tsdb == root / f"small-{small.fingerprint()[:12]}" / "tsdb"
-    assert (tsdb.parent / COMPLETE).exists() and len(
-        list(tsdb.iterdir())
-    ) == 3  # one block per 2 h
+    assert (tsdb.parent / COMPLETE).exists() and len(list(tsdb.iterdir())) == 3  # one block per 2 h
     assert [p.name for p in root.iterdir()] == [tsdb.parent.name]  # no temp dir left behind
     t = time.monotonic()
     assert build_tsdb(small, root) == tsdb and time.monotonic() - t < 0.5
@@ -148,6 +146,30 @@ def test_kube_labels(server, small):
     } == {t for t, p in zip(truth.pod_labels(small), small.pods) if p.start <= at < p.end}
     nodes = instant(server.url, "kube_node_labels", at)
     assert {r["metric"]["label_node_kubernetes_io_instance_type"] for r in nodes} == {"p4de.24xlarge"}
+
+
+def test_kube_node_info_follows_the_instance(server, small):
+    """One kube_node_info series per EC2 instance: ip-10-0-1-12's is replaced by its outage (03:00-05:00)."""
+    (old, new), (other,) = (
+        [i.instance_id for i in bills.instances(small) if i.node == n]
+        for n in ("ip-10-0-1-12", "ip-10-0-1-11")
+    )
+
+    def info(at: datetime) -> dict[str, str]:
+        # last_over_time over one step: backfilled series have no staleness markers
+        rows = instant(server.url, "last_over_time(kube_node_info[14s])", at)
+        assert all(r["value"][1] == "1" for r in rows)
+        return {r["metric"]["node"]: r["metric"]["provider_id"] for r in rows}
+
+    before = info(T0 + timedelta(hours=2, minutes=59, seconds=45))
+    assert before == {
+        "ip-10-0-1-11": f"aws:///us-east-1a/{other}",
+        "ip-10-0-1-12": f"aws:///us-east-1a/{old}",
+    }
+    assert info(T0 + timedelta(hours=3)) == {"ip-10-0-1-11": f"aws:///us-east-1a/{other}"}
+    assert info(T0 + timedelta(hours=5))["ip-10-0-1-12"] == f"aws:///us-east-1a/{new}"
+    (r, *_) = instant(server.url, 'kube_node_info{node="ip-10-0-1-12"}', T0 + timedelta(hours=1))
+    assert r["metric"]["internal_ip"] == "10.0.1.12" and r["metric"]["job"] == "kube-state-metrics"
 
 
 def test_stop_takes_the_process_group_down(cache, tmp_path):

@@ -245,6 +245,7 @@ def test_openmetrics_files(small, gpus, tmp_path):
     assert per_family["node_cpu_seconds_total"] == 2 * 4 * 3 * small.steps - 4 * 3 * 480
     assert per_family["up"] == 4 * small.steps
     assert per_family["kube_node_labels"] == 2 * small.steps
+    assert per_family["kube_node_info"] == 2 * small.steps - 480  # none while ip-10-0-1-12 is lost
     assert per_family["kube_pod_labels"] == sum((p.end_s - p.start_s) // 15 for p in small.pods)
 
 

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import dagster as dg
 
-from foxhunt_obs.lib.settings import env, partitions_start
+from foxhunt_obs.defs.partitions import range_request, trailing_days
 
 costs_job = dg.define_asset_job(
     "costs_job",
@@ -17,24 +17,13 @@ costs_job = dg.define_asset_job(
 PREVIOUS_MONTH_UNTIL_DAY = 15
 
 
-def _range(first, last, why: str) -> list[dg.RunRequest]:
-    first = max(first, partitions_start().date())
-    if first > last:
-        return []
-    a, b = first.strftime("%Y-%m-%d"), last.strftime("%Y-%m-%d")
-    tags = {"dagster/asset_partition_range_start": a, "dagster/asset_partition_range_end": b, "why": why}
-    return [dg.RunRequest(run_key=f"{why}-{a}-{b}", tags=tags)]
-
-
 @dg.schedule(cron_schedule="0 7 * * *", job=costs_job, execution_timezone="UTC")
 def costs_daily_schedule(context: dg.ScheduleEvaluationContext):
     """At 07:00 UTC: the trailing FOXHUNT_CE_RESTATE_DAYS days up to yesterday, and in the first half of
     a month the whole previous month once more."""
     today = context.scheduled_execution_time.date()
-    yesterday = today - timedelta(days=1)
-    days = max(1, int(env("FOXHUNT_CE_RESTATE_DAYS")))
-    requests = _range(yesterday - timedelta(days=days - 1), yesterday, "trailing")
+    requests = range_request(*trailing_days(today), "trailing")
     if today.day <= PREVIOUS_MONTH_UNTIL_DAY:
         last_of_previous = today.replace(day=1) - timedelta(days=1)
-        requests += _range(last_of_previous.replace(day=1), last_of_previous, "previous-month")
+        requests += range_request(last_of_previous.replace(day=1), last_of_previous, "previous-month")
     return requests

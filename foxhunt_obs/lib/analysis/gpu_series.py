@@ -240,6 +240,7 @@ def collect_node_samples(
             )
         )
     types = node_instance_types(client, catalog, window)
+    ids = node_instance_ids(client, catalog, window)
     if gpu_counts is None:
         gpu_counts = pa.table(
             {
@@ -268,12 +269,17 @@ def collect_node_samples(
         con.register("long", long)
         con.register("types", types)
         con.register("gpus", gpu_counts)
+        con.register("ids", ids)
         table = con.execute(
             f"""
             WITH wide AS (SELECT epoch_ms(ts_ms) AS ts, node, {pivot} FROM long GROUP BY ts_ms, node),
-            g AS (SELECT ts, node, gpus_reporting FROM gpus)
+            g AS (SELECT ts, node, gpus_reporting FROM gpus),
+            i AS (  -- per (step, node): the instance whose kube_node_info sample is the newest
+              SELECT epoch_ms(ts_ms) AS ts, node, arg_max(instance_id, (seen_ms, instance_id)) AS instance_id
+              FROM ids GROUP BY ts_ms, node)
             SELECT coalesce(w.ts, g.ts) AS ts, coalesce(w.node, g.node) AS node,
               coalesce(t.instance_type, '') AS instance_type,
+              coalesce(i.instance_id, '') AS instance_id,
               w.cpu_busy, w.mem_used_bytes, w.mem_total_bytes,
               w.net_tx_bytes_per_second, w.net_rx_bytes_per_second,
               coalesce(g.gpus_reporting, 0)::INTEGER AS gpus_reporting,
@@ -281,6 +287,7 @@ def collect_node_samples(
               {float(window.step)}::DOUBLE AS step_seconds
             FROM wide w FULL OUTER JOIN g ON w.ts = g.ts AND w.node = g.node
             LEFT JOIN types t ON t.node = coalesce(w.node, g.node)
+            LEFT JOIN i ON i.ts = coalesce(w.ts, g.ts) AND i.node = coalesce(w.node, g.node)
             ORDER BY ts, node
             """
         ).to_arrow_table()
@@ -304,3 +311,33 @@ def node_instance_types(client: PrometheusClient, catalog: Catalog, window: Wind
             "instance_type": pa.array([found[n] for n in sorted(found)], pa.string()),
         }
     )
+
+
+def instance_id_of(provider_id: str) -> str:
+    """The cloud's id of a node's machine: the last path component of its Kubernetes providerID.
+
+    ``aws:///us-east-1a/i-0123456789abcdef0`` -> ``i-0123456789abcdef0`` (the EC2 instance id, CUR's
+    line_item_resource_id); ``gce://project/zone/name`` -> ``name``; '' when empty."""
+    return provider_id.strip().rstrip("/").rpartition("/")[2]
+
+
+def node_instance_ids(client: PrometheusClient, catalog: Catalog, window: Window) -> pa.Table:
+    """(ts_ms, node, instance_id, seen_ms): every kube_node_info series visible at each step of the
+    window, with the time of its newest sample. One range query; an instance replaced under the same
+    node name is a new series, so a step may see both (the old one within Prometheus's look-back):
+    the newest sample tells which instance the node is at that step."""
+    key = catalog.kube["provider_id_label"]
+    q = f'max by (node, {key}) (timestamp({catalog.kube["node_info"]}{{{key}!=""}}))'
+    res = client.query_range(q, window.start, window.end, window.step, window.label)
+    series = pa.array(res.series_of_point())
+    nodes = [x.get("node", "") for x in res.labels]
+    iids = [instance_id_of(x.get(key, "")) for x in res.labels]
+    table = pa.table(
+        {
+            "ts_ms": pa.array(np.rint(res.ts * 1000).astype(np.int64)),
+            "node": pa.array(nodes, pa.string()).take(series),
+            "instance_id": pa.array(iids, pa.string()).take(series),
+            "seen_ms": pa.array(np.rint(res.values * 1000).astype(np.int64)),
+        }
+    )
+    return table.filter(pc.and_(pc.not_equal(table["node"], ""), pc.not_equal(table["instance_id"], "")))

@@ -1,0 +1,98 @@
+-- One UTC day of cost_allocation (DESIGN §5). Parameters: $day (DATE), $key ('YYYY-MM-DD'),
+-- $first_hour / $last_hour (node_samples partitions of the day). Views: gpu_hourly, node_samples,
+-- costs_hourly, costs_daily, ec2_prices(instance_type, usd_per_hour).
+WITH
+-- seconds each node reported per hour, per EC2 instance (an instance can be replaced mid-hour)
+node_hours AS (
+  SELECT node, date_trunc('hour', ts) AS hour, coalesce(instance_id, '') AS instance_id,
+         any_value(instance_type) AS instance_type, sum(step_seconds) AS seconds
+  FROM node_samples WHERE hour >= $first_hour AND hour <= $last_hour
+  GROUP BY ALL
+),
+cur_lines AS (
+  SELECT hour, resource_id, service, experiment, cost_usd FROM costs_hourly WHERE day = $key
+),
+has_cur AS (SELECT count(*) > 0 AS yes FROM cur_lines),
+cur_by_instance AS (
+  SELECT resource_id, hour, sum(cost_usd) AS cost_usd FROM cur_lines WHERE resource_id <> '' GROUP BY ALL
+),
+-- A node-hour costs its instances' CUR lines for that hour; before the bill lands, the price table's.
+-- Once the bill is in every dollar comes from it: a node-hour whose instance has no line (no
+-- providerID, say) costs 0 here and its instance's lines are shared below, never counted twice.
+node_cost AS (
+  SELECT n.node, n.hour,
+         sum(CASE WHEN c.cost_usd IS NOT NULL THEN c.cost_usd
+                  WHEN (SELECT yes FROM has_cur) THEN 0
+                  ELSE p.usd_per_hour * n.seconds / 3600.0 END) AS cost_usd,
+         CASE WHEN (SELECT yes FROM has_cur) THEN 'cur' ELSE 'estimate' END AS cost_source,
+         string_agg(DISTINCT n.instance_id, ',' ORDER BY n.instance_id) AS instance_ids
+  FROM node_hours n
+  LEFT JOIN cur_by_instance c ON c.resource_id = n.instance_id AND c.hour = n.hour
+  LEFT JOIN ec2_prices p ON p.instance_type = n.instance_type
+  GROUP BY ALL
+),
+gpus AS (
+  SELECT g.*, count(*) OVER (PARTITION BY g.node, g.hour) AS gpus_on_node
+  FROM gpu_hourly g WHERE strftime(g.hour, '%Y-%m-%d') = $key
+),
+gpu_rows AS (
+  SELECT g.hour, g.node, g.gpu, g.uuid, g.pod, g.namespace,
+         CASE WHEN g.pod = '' THEN '' ELSE g.experiment END AS experiment,
+         'gpu' AS kind, 'AmazonEC2' AS service, coalesce(c.instance_ids, '') AS resource_id,
+         g.seconds_with_data AS gpu_seconds, g.held_seconds, g.active_gpu_seconds, g.energy_kwh,
+         coalesce(c.cost_usd, 0) / g.gpus_on_node AS gpu_cost,
+         coalesce(least(g.held_seconds / nullif(g.seconds_with_data, 0), 1), 0) AS held_frac,
+         coalesce(least(g.active_gpu_seconds / nullif(g.held_seconds, 0), 1), 0) AS active_frac,
+         coalesce(c.cost_source, 'estimate') AS cost_source
+  FROM gpus g LEFT JOIN node_cost c USING (node, hour)
+),
+-- node-hours that cost money but had no GPU rows (dcgm-exporter down): nobody to charge, cluster idle
+orphan_node_rows AS (
+  SELECT c.hour, c.node, NULL::INTEGER AS gpu, '' AS uuid, '' AS pod, '' AS namespace, '' AS experiment,
+         'node_without_gpus' AS kind, 'AmazonEC2' AS service, c.instance_ids AS resource_id,
+         0.0 AS gpu_seconds, 0.0 AS held_seconds, 0.0 AS active_gpu_seconds, 0.0 AS energy_kwh,
+         c.cost_usd AS gpu_cost, 0.0 AS held_frac, 0.0 AS active_frac, c.cost_source
+  FROM node_cost c ANTI JOIN gpus g USING (node, hour)
+),
+-- everything else on the bill: lines of no node-hour above (per instance and hour). With CUR: its other lines; before the
+-- bill lands: the estimate's non-EC2 rows (FSx storage).
+other_lines AS (
+  SELECT experiment, service, resource_id, sum(cost_usd) AS cost_usd, 'cur' AS cost_source
+  FROM cur_lines l
+  WHERE NOT EXISTS (SELECT 1 FROM node_hours n
+                   WHERE n.instance_id = l.resource_id AND n.hour = l.hour AND n.instance_id <> '')
+  GROUP BY ALL
+  UNION ALL
+  SELECT experiment, service, resource_id, sum(cost_usd), 'estimate'
+  FROM costs_daily
+  WHERE day = $key AND source = 'estimate' AND service <> 'AmazonEC2' AND NOT (SELECT yes FROM has_cur)
+  GROUP BY ALL
+),
+held AS (
+  SELECT experiment, sum(held_seconds) AS held_seconds FROM gpu_rows WHERE experiment <> '' GROUP BY ALL
+),
+-- a tagged line goes to its experiment; untagged ones are shared by GPU-hours held that day
+other_rows AS (
+  SELECT $day::TIMESTAMPTZ AS hour, '' AS node, NULL::INTEGER AS gpu, '' AS uuid, '' AS pod, '' AS namespace,
+         CASE WHEN o.experiment <> '' THEN o.experiment ELSE coalesce(h.experiment, '') END AS experiment,
+         CASE WHEN o.experiment <> '' THEN 'tagged' ELSE 'shared' END AS kind,
+         o.service, o.resource_id,
+         0.0 AS gpu_seconds, 0.0 AS held_seconds, 0.0 AS active_gpu_seconds, 0.0 AS energy_kwh,
+         o.cost_usd * CASE WHEN o.experiment <> '' OR h.experiment IS NULL THEN 1
+                           ELSE h.held_seconds / (SELECT sum(held_seconds) FROM held) END AS gpu_cost,
+         -- nobody held a GPU that day: the shared lines are cluster idle
+         CASE WHEN o.experiment <> '' OR h.experiment IS NOT NULL THEN 1.0 ELSE 0.0 END AS held_frac,
+         1.0 AS active_frac, o.cost_source
+  FROM other_lines o LEFT JOIN held h ON o.experiment = '' 
+),
+rows AS (
+  SELECT * FROM gpu_rows UNION ALL SELECT * FROM orphan_node_rows UNION ALL SELECT * FROM other_rows
+)
+SELECT hour, node, gpu, uuid, pod, namespace, experiment, kind, service, resource_id,
+       gpu_seconds, held_seconds, active_gpu_seconds, energy_kwh,
+       gpu_cost * held_frac AS allocated_usd,
+       gpu_cost * (1 - held_frac) AS unallocated_usd,
+       CASE WHEN kind = 'gpu' THEN gpu_cost * held_frac * (1 - active_frac) ELSE 0 END AS idle_usd,
+       cost_source
+FROM rows
+ORDER BY hour, kind, node, gpu, experiment, service, resource_id

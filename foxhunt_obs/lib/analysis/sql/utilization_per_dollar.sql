@@ -1,0 +1,31 @@
+-- One UTC day of utilization_per_dollar from cost_allocation. Parameter: $key ('YYYY-MM-DD').
+-- Experiments get what they held (GPU-hours, the GPUs' cost, their idle part, tagged and shared lines);
+-- the cluster row gets every GPU-hour no pod held and the cost nobody could be charged.
+WITH a AS (SELECT * FROM cost_allocation WHERE day = $key),
+per_experiment AS (
+  SELECT experiment,
+         sum(held_seconds) / 3600.0 AS gpu_hours,
+         coalesce(sum(active_gpu_seconds) FILTER (WHERE kind = 'gpu'), 0) / 3600.0 AS active_gpu_hours,
+         sum(allocated_usd) AS allocated_usd,
+         sum(idle_usd) AS idle_usd,
+         sum(energy_kwh) AS energy_kwh,
+         string_agg(DISTINCT cost_source, '+' ORDER BY cost_source) AS cost_source
+  FROM a WHERE experiment <> '' GROUP BY experiment
+),
+cluster AS (
+  SELECT '(cluster idle)' AS experiment,
+         sum(gpu_seconds - held_seconds) / 3600.0 AS gpu_hours,
+         coalesce(sum(active_gpu_seconds) FILTER (WHERE kind = 'gpu' AND experiment = ''), 0) / 3600.0,
+         sum(unallocated_usd), sum(unallocated_usd),
+         coalesce(sum(energy_kwh) FILTER (WHERE experiment = ''), 0),
+         string_agg(DISTINCT cost_source, '+' ORDER BY cost_source) FILTER (WHERE unallocated_usd > 0)
+  FROM a HAVING count(*) > 0
+),
+rows AS (SELECT * FROM per_experiment UNION ALL SELECT * FROM cluster)
+SELECT CAST($key AS DATE) AS day, experiment, gpu_hours, active_gpu_hours,
+       active_gpu_hours / nullif(gpu_hours, 0) AS mean_util,
+       allocated_usd, idle_usd,
+       active_gpu_hours / nullif(allocated_usd, 0) AS active_gpu_hours_per_usd,
+       allocated_usd / nullif(active_gpu_hours, 0) AS usd_per_active_gpu_hour,
+       energy_kwh, coalesce(cost_source, '') AS cost_source
+FROM rows ORDER BY experiment = '(cluster idle)', experiment

@@ -1,0 +1,40 @@
+-- Named statements for the weekly report; each reads $first and $last ('YYYY-MM-DD', inclusive).
+-- name: daily
+SELECT CAST(day AS DATE) AS day, experiment, allocated_usd, idle_usd, gpu_hours, active_gpu_hours
+FROM utilization_per_dollar WHERE day >= $first AND day <= $last
+ORDER BY day, experiment = '(cluster idle)', experiment;
+-- name: experiments
+SELECT experiment, sum(gpu_hours) AS gpu_hours, sum(active_gpu_hours) AS active_gpu_hours,
+       sum(active_gpu_hours) / nullif(sum(gpu_hours), 0) AS mean_util,
+       sum(allocated_usd) AS allocated_usd, sum(idle_usd) AS idle_usd,
+       sum(active_gpu_hours) / nullif(sum(allocated_usd), 0) AS active_gpu_hours_per_usd,
+       sum(allocated_usd) / nullif(sum(active_gpu_hours), 0) AS usd_per_active_gpu_hour,
+       sum(energy_kwh) AS energy_kwh,
+       string_agg(DISTINCT nullif(cost_source, ''), '+' ORDER BY nullif(cost_source, '')) AS cost_source
+FROM utilization_per_dollar WHERE day >= $first AND day <= $last
+GROUP BY experiment ORDER BY experiment = '(cluster idle)', allocated_usd DESC, experiment;
+-- name: wastes
+SELECT pod, experiment, node, count(DISTINCT uuid) AS gpus, sum(held_seconds) / 3600.0 AS held_gpu_hours,
+       sum(active_gpu_seconds) / nullif(sum(held_seconds), 0) AS mean_util, sum(idle_usd) AS idle_usd
+FROM cost_allocation WHERE day >= $first AND day <= $last AND kind = 'gpu' AND experiment <> ''
+GROUP BY ALL ORDER BY idle_usd DESC, pod, node LIMIT 5;
+-- name: outcomes
+-- success on the 0-100 points scale of success_gained
+SELECT run_name, experiment, 100 * success_start AS success_start, 100 * success_end AS success_end,
+       success_gained_points AS success_gained, usd,
+       usd_per_point
+FROM (
+  SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY day DESC) AS latest
+  FROM outcome_per_dollar WHERE day >= $first AND day <= $last
+) WHERE latest = 1
+ORDER BY usd_per_point NULLS LAST, experiment, run_name;
+-- name: bill
+SELECT coalesce(sum(cost_usd) FILTER (WHERE source = 'cur'), 0) AS cur_usd,
+       count(*) FILTER (WHERE source = 'cur') AS cur_rows,
+       coalesce(sum(cost_usd) FILTER (WHERE source = 'ce'), 0) AS ce_usd,
+       count(*) FILTER (WHERE source = 'ce') AS ce_rows,
+       coalesce(sum(cost_usd) FILTER (WHERE source = 'estimate'), 0) AS estimate_usd,
+       -- the estimate covers EC2 and FSx: the gap compares it with those lines of the bill
+       coalesce(sum(cost_usd) FILTER (WHERE source = 'cur' AND service IN ('AmazonEC2', 'AmazonFSx')), 0)
+         AS cur_estimated_services_usd
+FROM costs_daily WHERE day >= $first AND day <= $last;

@@ -1,0 +1,175 @@
+"""Utilization per dollar end to end: the `small` scenario in a real Prometheus, a real mlflow server and
+a real moto server; every asset materialized by real Dagster runs; the cost allocation checked against
+the scenario (the bill, the stall, the lost node, unheld GPUs) and the weekly report against the tables."""
+
+import os
+from datetime import date
+
+import dagster as dg
+import pytest
+
+from foxhunt_obs.definitions import defs
+from foxhunt_obs.lib.lake import Lake
+from foxhunt_obs.lib.schemas import COST_ALLOCATION, COSTS_DAILY, OUTCOME_PER_DOLLAR, UTILIZATION_PER_DOLLAR
+from foxhunt_obs.sandbox import bills
+from foxhunt_obs.sandbox.mlflow_server import MlflowServer, copy_store
+from foxhunt_obs.sandbox.moto_server import MotoServer, sandbox_env, seed
+
+DAY = "2026-11-16"  # the small scenario: Monday 2026-11-16T00:00..06:00Z
+WEEK = "2026-11-16"
+HOURS = ("2026-11-16-00:00", "2026-11-16-05:00")
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def run(job: str, first: str, last: str | None = None) -> dg.ExecuteInProcessResult:
+    job_def = defs().resolve_job_def(job)
+    kwargs = {"instance": dg.DagsterInstance.ephemeral(), "raise_on_error": False}
+    if last is None:
+        return job_def.execute_in_process(partition_key=first, **kwargs)
+    tags = {"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last}
+    return job_def.execute_in_process(tags=tags, **kwargs)
+
+
+def failure(result) -> str:
+    return "\n".join(e.step_failure_data.error.message for e in result.all_events if e.is_step_failure)
+
+
+def metadata(result, key: str) -> dict:
+    (m,) = [e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == key]
+    return {k: v.value for k, v in m.materialization.metadata.items()}
+
+
+@pytest.fixture(scope="module")
+def stack(small, prometheus, small_mlflow_store, tmp_path_factory):
+    work = tmp_path_factory.mktemp("reports")
+    copy_store(small_mlflow_store, work / "mlflow")
+    with (
+        MlflowServer(work / "mlflow", workdir=work) as mlflow,
+        MotoServer(workdir=work, account_id=small.aws.account_id) as moto,
+    ):
+        values = {
+            "FOXHUNT_LAKE": str(work / "lake"),
+            "FOXHUNT_PROMETHEUS_URL": prometheus.url,
+            "MLFLOW_TRACKING_URI": mlflow.url,
+            **sandbox_env(seed(small, moto.url)),
+        }
+        saved = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+        try:
+            yield Lake(values["FOXHUNT_LAKE"])
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def reported(stack):
+    results = {}
+    for job, first, last in [
+        ("gpu_ingest_job", *HOURS),
+        ("gpu_hourly_job", DAY, DAY),
+        ("training_job", DAY, None),
+        ("fsx_ingest_job", *HOURS),
+        ("costs_job", DAY, DAY),
+        ("daily_reports_job", DAY, DAY),
+        ("weekly_report_job", WEEK, None),
+    ]:
+        results[job] = run(job, first, last)
+        assert results[job].success, f"{job}: {failure(results[job])}"
+    return stack, results
+
+
+def _frame(lake, spec, key=DAY):
+    return lake.read_partition(spec, key).to_pandas()
+
+
+def test_allocations_sum_to_the_bill(small, reported):
+    lake, results = reported
+    alloc = _frame(lake, COST_ALLOCATION)
+    bill = float(bills.daily_totals(small, date.fromisoformat(DAY))["cur"])
+    total = alloc.allocated_usd.sum() + alloc.unallocated_usd.sum()
+    assert abs(total / bill - 1) < 0.001, (total, bill)
+    checks = [
+        e.asset_check_evaluation_data
+        for e in results["daily_reports_job"].all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    ]
+    assert [(c.check_name, c.passed) for c in checks] == [("sums_to_the_bill", True)]
+    # every GPU-hour was priced from the instance's own CUR lines (kube_node_info's providerID)
+    gpu = alloc[alloc.kind == "gpu"]
+    assert set(gpu.cost_source) == {"cur"} and (gpu.allocated_usd + gpu.unallocated_usd > 0).all()
+    # a p4de GPU-hour with a full hour of data costs 1/2 of the 2-GPU node's hour in the small scenario
+    full = gpu[gpu.gpu_seconds == 3600]
+    assert ((full.allocated_usd + full.unallocated_usd) - 27.44705 / 2).abs().max() < 1e-6
+
+
+def test_the_stall_is_charged_to_its_experiment_as_idle(reported):
+    lake, _ = reported
+    alloc = _frame(lake, COST_ALLOCATION)
+    stall = alloc[(alloc.kind == "gpu") & (alloc.node == "ip-10-0-1-11") & (alloc.hour.dt.hour == 2)]
+    assert sorted(stall.gpu) == [0, 1] and set(stall.experiment) == {"ppo-humanoid"}
+    # util 0 for 40 of the 60 minutes: at least ~2/3 of the GPU-hour's cost is idle, and it is the
+    # experiment's (allocated), not the cluster's
+    assert (stall.idle_usd >= 0.6 * stall.allocated_usd).all() and (stall.unallocated_usd == 0).all()
+    normal = alloc[(alloc.kind == "gpu") & (alloc.node == "ip-10-0-1-11") & (alloc.hour.dt.hour == 1)]
+    assert (normal.idle_usd < 0.3 * normal.allocated_usd).all()
+
+
+def test_the_lost_node_is_not_charged(reported):
+    lake, _ = reported
+    alloc = _frame(lake, COST_ALLOCATION)
+    lost = alloc[(alloc.node == "ip-10-0-1-12") & alloc.hour.dt.hour.isin([3, 4])]
+    assert lost.empty
+
+
+def test_unheld_gpus_are_cluster_idle(reported):
+    lake, _ = reported
+    alloc = _frame(lake, COST_ALLOCATION)
+    # node 1 GPU 0: no pod 00:00-00:30 -> half of hour 0 is the cluster's
+    h0 = alloc[
+        (alloc.kind == "gpu") & (alloc.node == "ip-10-0-1-11") & (alloc.gpu == 0) & (alloc.hour.dt.hour == 0)
+    ]
+    (row,) = h0.itertuples()
+    assert (
+        row.unallocated_usd == pytest.approx(row.allocated_usd, rel=0.01) and row.experiment == "ppo-humanoid"
+    )
+    upd = _frame(lake, UTILIZATION_PER_DOLLAR)
+    cluster = upd[upd.experiment == "(cluster idle)"].iloc[0]
+    assert cluster.allocated_usd == pytest.approx(alloc.unallocated_usd.sum())
+    assert cluster.allocated_usd == pytest.approx(cluster.idle_usd) and cluster.gpu_hours > 0
+    per_exp = upd[upd.experiment != "(cluster idle)"].set_index("experiment")
+    assert set(per_exp.index) == {"ppo-humanoid", "dqn-atari"}
+    for _, r in per_exp.iterrows():
+        assert r.active_gpu_hours_per_usd == pytest.approx(r.active_gpu_hours / r.allocated_usd)
+        assert r.usd_per_active_gpu_hour == pytest.approx(r.allocated_usd / r.active_gpu_hours)
+        assert 0 < r.mean_util < 1
+
+
+def test_outcome_per_dollar(reported):
+    lake, _ = reported
+    out = _frame(lake, OUTCOME_PER_DOLLAR).set_index("run_name")
+    # runs with a pod only; the deleted and pod-less runs are not priced
+    assert set(out.index) == {"ppo-humanoid-f0", "dqn-atari-f0", "ppo-humanoid-f1", "dqn-atari-f1"}
+    alloc = _frame(lake, COST_ALLOCATION)
+    for name, r in out.iterrows():
+        spent = alloc[(alloc.kind == "gpu") & (alloc.pod == r.pod)].allocated_usd.sum()
+        assert r.usd == pytest.approx(spent) and r.usd > 0, name
+        if r.success_end > r.success_start:
+            assert r.usd_per_point == pytest.approx(r.usd / (100 * (r.success_end - r.success_start)))
+
+
+def test_the_report_equals_the_tables(reported):
+    lake, results = reported
+    meta = metadata(results["weekly_report_job"], "weekly_cost_report")
+    upd = _frame(lake, UTILIZATION_PER_DOLLAR)
+    assert meta["total_usd"] == pytest.approx(upd.allocated_usd.sum(), abs=0.01)
+    assert meta["idle_usd"] == pytest.approx(upd.idle_usd.sum(), abs=0.01)
+    costs = _frame(lake, COSTS_DAILY)
+    assert meta["bill_usd"] == pytest.approx(costs[costs.source == "cur"].cost_usd.sum(), abs=0.01)
+    html = lake.read_file(f"reports/week={WEEK}/report.html")
+    markdown = lake.read_file(f"reports/week={WEEK}/report.md").decode()
+    assert html and b"ppo-humanoid" in html and "ppo-humanoid" in markdown
+    for experiment in upd.experiment:
+        total = upd[upd.experiment == experiment].allocated_usd.sum()
+        assert f"{total:,.2f}" in markdown, experiment
