@@ -316,6 +316,36 @@ def costs_summary(day: str) -> str:
     )
 
 
+def weekly_summary(week: str) -> str:
+    """Where the week's report is and its headline figures, from utilization_per_dollar."""
+    from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.schemas import UTILIZATION_PER_DOLLAR
+    from foxhunt_obs.lib.settings import env
+
+    lake = Lake(env("FOXHUNT_LAKE"))
+    first, last = week, (datetime.fromisoformat(week) + timedelta(days=6)).strftime("%Y-%m-%d")
+    rows = lake.query(
+        """SELECT experiment, round(sum(gpu_hours), 1) AS gpu_hours, round(sum(active_gpu_hours), 1) AS active_gpu_hours,
+                  round(sum(allocated_usd), 2) AS usd, round(sum(idle_usd), 2) AS idle_usd,
+                  round(sum(active_gpu_hours) / nullif(sum(allocated_usd), 0), 4) AS active_gpu_hours_per_usd,
+                  round(sum(allocated_usd) / nullif(sum(active_gpu_hours), 0), 2) AS usd_per_active_gpu_hour
+           FROM utilization_per_dollar WHERE day >= $first AND day <= $last
+           GROUP BY experiment ORDER BY experiment = '(cluster idle)', usd DESC""",
+        {"first": first, "last": last},
+        tables=[UTILIZATION_PER_DOLLAR],
+    ).to_pandas()
+    total, idle, active = rows.usd.sum(), rows.idle_usd.sum(), rows.active_gpu_hours.sum()
+    path = f"{lake.root}/reports/week={week}/report.html"
+    return "\n".join(
+        [
+            f"Weekly cost report, week of {week}: {path}",
+            f"  total ${total:,.2f}, idle ${idle:,.2f} ({100 * idle / total:.1f} %), "
+            f"{active / total:.4f} active GPU-hours per $, ${total / active:,.2f} per active GPU-hour",
+            rows.to_string(index=False),
+        ]
+    )
+
+
 def _demo(args) -> int:
     from foxhunt_obs.sandbox import prometheus as sandbox
 
@@ -330,24 +360,37 @@ def _demo(args) -> int:
     )
     try:
         end = datetime.fromisoformat(str(info["end"])).astimezone(timezone.utc)
-        start = end - timedelta(hours=24)
-        last_hour = end - timedelta(hours=1)
-        day = start.strftime("%Y-%m-%d")
-        ok = run_job("gpu_ingest_job", start.strftime("%Y-%m-%d-%H:%M"), last_hour.strftime("%Y-%m-%d-%H:%M"))
-        ok = ok and run_job("gpu_hourly_job", day, last_hour.strftime("%Y-%m-%d"))
-        ok = ok and run_job("training_job", day, day)
-        ok = ok and run_job(
-            "fsx_ingest_job", start.strftime("%Y-%m-%d-%H:%M"), last_hour.strftime("%Y-%m-%d-%H:%M")
-        )
-        ok = ok and run_job("costs_job", day, day)
+        # the last full week (Monday 00:00 UTC) the scenario covers, or else its last day
+        start = end - timedelta(days=7)
+        week = start + timedelta(days=(7 - start.weekday()) % 7)
+        week = week.replace(hour=0, minute=0, second=0, microsecond=0)
+        start = week if week + timedelta(days=7) <= end else end - timedelta(hours=24)
+        first_day, last_day = start.strftime("%Y-%m-%d"), (end - timedelta(hours=1)).strftime("%Y-%m-%d")
+        hours = (start.strftime("%Y-%m-%d-%H:%M"), (end - timedelta(hours=1)).strftime("%Y-%m-%d-%H:%M"))
+        ok = True
+        for job, first, last in [
+            ("gpu_ingest_job", *hours),
+            ("gpu_hourly_job", first_day, last_day),
+            ("training_job", first_day, last_day),
+            ("fsx_ingest_job", *hours),
+            ("costs_job", first_day, last_day),
+            ("daily_reports_job", first_day, last_day),
+        ]:
+            ok = ok and run_job(job, first, last)
+        if ok and week + timedelta(days=7) <= end:
+            ok = run_job("weekly_report_job", week.strftime("%Y-%m-%d"), week.strftime("%Y-%m-%d"))
         if not ok:
             return 1
+        day_start = end - timedelta(hours=24)
         print()
-        print(summary(start, end))
+        print(summary(day_start, end))
         print()
-        print(training_summary(day))
+        print(training_summary(last_day))
         print()
-        print(costs_summary(day))
+        print(costs_summary(last_day))
+        if week + timedelta(days=7) <= end:
+            print()
+            print(weekly_summary(week.strftime("%Y-%m-%d")))
     finally:
         if not args.keep:
             sandbox.down(args.state_dir)

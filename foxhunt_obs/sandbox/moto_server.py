@@ -421,9 +421,11 @@ def queue_cost_explorer(
 
 
 def default_ce_window(scenario: Scenario) -> tuple[date, date]:
-    """The demo's Cost Explorer window: the scenario's last (UTC) day, end exclusive."""
+    """The Cost Explorer window queued by default: every day the scenario touches (end exclusive), what
+    the demo asks for in one costs run. moto ignores the dates it is asked for, so a run over other days
+    gets these answers and fails its window check: queue_cost_explorer() again for those."""
     last = (scenario.end - timedelta(seconds=1)).date()
-    return last, last + timedelta(days=1)
+    return scenario.start.date(), last + timedelta(days=1)
 
 
 def seed(scenario: Scenario, endpoint_url: str, ce_window: tuple[date, date] | None = None) -> dict:
@@ -484,7 +486,7 @@ def up_moto(
 ) -> dict:
     """Run a moto server seeded with the scenario (detached: it outlives this process; log
     ``state_dir/run/moto.log``) and record it in ``state_dir/moto.json``. A server already recorded there
-    is stopped first. ``ce_window``: the Cost Explorer window queued (default: the last day)."""
+    is stopped first. ``ce_window``: the Cost Explorer window queued (default: every day of the scenario)."""
     state_dir = Path(state_dir)
     scenario = load_scenario(scenario_name)
     if scenario.aws is None:
