@@ -69,6 +69,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "FOXHUNT_CE_FORECAST", "0", "1 = also ask Cost Explorer for this month's forecast ($0.01 a call)"
     ),
+    Setting("FOXHUNT_REPORT_SMTP_HOST", "", "SMTP server for the weekly report by e-mail (empty: no e-mail)"),
+    Setting("FOXHUNT_REPORT_SMTP_PORT", "587", "SMTP port (submission, STARTTLS)"),
+    Setting("FOXHUNT_REPORT_SMTP_USER", "", "SMTP login user (empty: no login)"),
+    Setting("FOXHUNT_REPORT_SMTP_PASSWORD", "", "SMTP password (never logged)"),
+    Setting("FOXHUNT_REPORT_SMTP_STARTTLS", "1", "1 = STARTTLS before login and sending; 0 = plain SMTP"),
+    Setting("FOXHUNT_REPORT_EMAIL_FROM", "", "The report's From address (empty: the SMTP user)"),
+    Setting("FOXHUNT_REPORT_EMAIL_TO", "", "Comma-separated recipients of the weekly report"),
+    Setting(
+        "FOXHUNT_REPORT_SLACK_CHANNEL",
+        "",
+        "Slack channel for the weekly report, #name or id (empty: no Slack)",
+    ),
+    Setting("SLACK_BOT_TOKEN", "", "Slack bot token, scopes chat:write and files:write (never logged)"),
+    Setting("FOXHUNT_REPORT_SLACK_API_URL", "https://slack.com/api/", "Slack Web API base URL"),
 )
 
 _DEFAULTS = {s.env: s.default for s in SETTINGS}

@@ -173,3 +173,47 @@ def test_the_report_equals_the_tables(reported):
     for experiment in upd.experiment:
         total = upd[upd.experiment == experiment].allocated_usd.sum()
         assert f"{total:,.2f}" in markdown, experiment
+
+
+def test_the_report_is_mailed_when_smtp_is_configured(reported, monkeypatch):
+    """The asset itself delivers: a real local SMTP server receives the week's report."""
+    import email
+
+    from aiosmtpd.controller import Controller
+
+    from foxhunt_obs.sandbox.prometheus import free_port
+
+    lake, results = reported
+    assert (
+        metadata(results["weekly_report_job"], "weekly_cost_report")["delivered_to"] == "no sink configured"
+    )
+    received = []
+
+    class Inbox:
+        async def handle_DATA(self, server, session, envelope):
+            received.append((envelope.rcpt_tos, envelope.original_content))
+            return "250 OK"
+
+    port = free_port()
+    controller = Controller(Inbox(), hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        for k, v in {
+            "FOXHUNT_REPORT_SMTP_HOST": "127.0.0.1",
+            "FOXHUNT_REPORT_SMTP_PORT": str(port),
+            "FOXHUNT_REPORT_SMTP_STARTTLS": "0",
+            "FOXHUNT_REPORT_EMAIL_FROM": "reports@foxhunt.test",
+            "FOXHUNT_REPORT_EMAIL_TO": "ml-team@foxhunt.test",
+        }.items():
+            monkeypatch.setenv(k, v)
+        result = run("weekly_report_job", WEEK)
+    finally:
+        controller.stop()
+    assert result.success, failure(result)
+    assert metadata(result, "weekly_cost_report")["delivered_to"] == "email to ml-team@foxhunt.test"
+    ((rcpt, raw),) = received
+    message = email.message_from_bytes(raw)
+    assert rcpt == ["ml-team@foxhunt.test"] and "week of 2026-11-16" in message["Subject"]
+    html = lake.read_file(f"reports/week={WEEK}/report.html").decode()
+    parts = {p.get_content_type(): p for p in message.walk()}
+    assert parts["text/html"].get_payload(decode=True).decode().replace("\r\n", "\n") == html

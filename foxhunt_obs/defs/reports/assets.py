@@ -235,6 +235,13 @@ def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
     ],
     group_name="reports",
     kinds={"html", "markdown"},
+    check_specs=[
+        dg.AssetCheckSpec(
+            "delivered",
+            asset="weekly_cost_report",
+            description="every configured sink (SMTP e-mail, Slack) accepted the report",
+        )
+    ],
     description=(
         "The week's cost report (weeks start Monday 00:00 UTC): spend by experiment, utilization per "
         "dollar, idle $, the biggest wastes, $ per point of success_rate, the cost policy. Markdown and a "
@@ -244,6 +251,7 @@ def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
 def weekly_cost_report(context: dg.AssetExecutionContext, lake: LakeResource):
     # imported here: matplotlib costs ~1 s, which every code-location load would pay otherwise
     from foxhunt_obs.lib.analysis.weekly import weekly_report_data
+    from foxhunt_obs.lib.delivery.send import DeliveryError, deliver
     from foxhunt_obs.lib.delivery.weekly_report import render_weekly_report
 
     store = lake.lake()
@@ -275,4 +283,16 @@ def weekly_cost_report(context: dg.AssetExecutionContext, lake: LakeResource):
     metadata.update(
         {k: dg.MetadataValue.float(round(float(v), 4)) for k, v in report.figures.items() if v == v}
     )
-    return dg.MaterializeResult(metadata=metadata)
+    # the report is in the lake whatever happens here: a failed sink fails the check, not the asset
+    try:
+        sent, failures = deliver(report, week_start), {}
+    except DeliveryError as e:
+        sent, failures = e.delivered, e.failures
+        context.log.error(f"weekly_cost_report week={week_start}: delivery failed: {e}")
+    metadata["delivered_to"] = dg.MetadataValue.text(", ".join(sent) or "no sink configured")
+    yield dg.MaterializeResult(metadata=metadata)
+    yield dg.AssetCheckResult(
+        check_name="delivered",
+        passed=not failures,
+        metadata={"sent": ", ".join(sent) or "none", "failures": "\n".join(failures.values()) or "none"},
+    )

@@ -1,0 +1,380 @@
+"""Deliver the weekly cost report where it is configured: by e-mail (SMTP) and to a Slack channel.
+
+Both sinks are optional and configured from the environment (``FOXHUNT_REPORT_*``, ``SLACK_BOT_TOKEN``; see
+``settings.py``), read when ``deliver`` is called. Nothing configured: nothing is sent.
+
+* E-mail: one ``multipart/mixed`` message holding a ``multipart/alternative`` (the Markdown as plain text,
+  its inline charts replaced by the names of the attached files; the self-contained HTML page) and, for mail
+  clients that strip ``data:`` images, the PNG charts and ``report.html`` as attachments. STARTTLS (verified
+  against the system's CA store, so ``SSL_CERT_FILE`` is honoured) when configured, login only when a user
+  is set, a timeout on every socket operation.
+* Slack (``slack_sdk``'s WebClient; bot scopes ``chat:write`` and ``files:write``, the bot a member of the
+  channel): a short message with the headline figures, then the HTML page uploaded into that message's
+  thread (``files_upload_v2``). Timeouts and bounded retries (connection errors, rate limits).
+
+Secrets (the SMTP password, the Slack token) never reach a log line, an exception message or a repr: a
+failure raises ``DeliveryError`` naming the sink and the server or channel, with the cause's text scrubbed
+and its traceback chain cut. Every configured sink is tried even when an earlier one fails, so a dead mail
+server does not keep the report from Slack; the error then lists what failed and what was delivered.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import logging
+import re
+import smtplib
+import ssl
+import time
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from email.message import EmailMessage
+from email.utils import formataddr, formatdate, getaddresses, make_msgid
+
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry import ConnectionErrorRetryHandler, RateLimitErrorRetryHandler
+
+from foxhunt_obs.lib.delivery.weekly_report import NO_VALUE, Report, money, pct
+from foxhunt_obs.lib.settings import env
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 30.0  # one SMTP socket operation or one Slack HTTP request
+SLACK_RETRIES = 2  # extra attempts after a connection error or a 429
+SLACK_MAX_RETRY_AFTER_S = 30.0  # a longer Retry-After is cut to this
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class DeliveryError(RuntimeError):
+    """One or more sinks failed. ``failures``: sink -> message (server or channel named, no secret);
+    ``delivered``: what did go out before or despite the failure (the same strings ``deliver`` returns)."""
+
+    def __init__(self, failures: dict[str, str], delivered: list[str] | None = None):
+        self.failures = dict(failures)
+        self.delivered = list(delivered or [])
+        message = "; ".join(self.failures.values())
+        if self.delivered:
+            message += f" (delivered nonetheless: {', '.join(self.delivered)})"
+        super().__init__(message)
+
+
+# -- configuration -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EmailConfig:
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    starttls: bool
+    sender: str
+    to: tuple[str, ...]  # header form, display names kept
+    recipients: tuple[str, ...]  # bare addresses, the SMTP envelope
+
+    @property
+    def server(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class SlackConfig:
+    channel: str
+    token: str = field(repr=False)
+    api_url: str
+
+
+def _flag(name: str) -> bool:
+    value = env(name).strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise DeliveryError({"config": f"{name} must be 1 or 0, got {value!r}"})
+
+
+def _address(value: str) -> str:
+    """The bare address of "Name <a@b>" or "a@b"; "" when there is none."""
+    parsed = getaddresses([value]) if value else []
+    return parsed[0][1].strip() if parsed else ""
+
+
+def email_config() -> EmailConfig | None:
+    """The SMTP settings, or None when FOXHUNT_REPORT_SMTP_HOST is empty (no e-mail)."""
+    host = env("FOXHUNT_REPORT_SMTP_HOST").strip()
+    if not host:
+        return None
+
+    def bad(message: str) -> DeliveryError:
+        return DeliveryError({"email": f"email via SMTP {host}: {message}"})
+
+    raw_port = env("FOXHUNT_REPORT_SMTP_PORT").strip()
+    try:
+        port = int(raw_port)
+    except ValueError:
+        raise bad(f"FOXHUNT_REPORT_SMTP_PORT must be a port number, got {raw_port!r}") from None
+    if not 0 < port < 65536:
+        raise bad(f"FOXHUNT_REPORT_SMTP_PORT must be a port number, got {port}")
+    user = env("FOXHUNT_REPORT_SMTP_USER").strip()
+    parsed = [(name, addr.strip()) for name, addr in getaddresses([env("FOXHUNT_REPORT_EMAIL_TO")])]
+    parsed = [(name, addr) for name, addr in parsed if name or addr]
+    wrong = [formataddr(p) for p in parsed if "@" not in p[1]]
+    if wrong:
+        raise bad(f"FOXHUNT_REPORT_EMAIL_TO holds something that is not an address: {wrong}")
+    if not parsed:
+        raise bad("FOXHUNT_REPORT_EMAIL_TO is empty: say who receives the report (comma-separated)")
+    sender = env("FOXHUNT_REPORT_EMAIL_FROM").strip() or (user if "@" in user else "")
+    if "@" not in _address(sender):
+        raise bad("FOXHUNT_REPORT_EMAIL_FROM is empty or not an address (and the SMTP user is no address)")
+    return EmailConfig(
+        host=host,
+        port=port,
+        user=user,
+        password=env("FOXHUNT_REPORT_SMTP_PASSWORD"),
+        starttls=_flag("FOXHUNT_REPORT_SMTP_STARTTLS"),
+        sender=sender,
+        to=tuple(formataddr(p) for p in parsed),
+        recipients=tuple(addr for _, addr in parsed),
+    )
+
+
+def slack_config() -> SlackConfig | None:
+    """The Slack settings, or None when FOXHUNT_REPORT_SLACK_CHANNEL is empty (no Slack)."""
+    channel = env("FOXHUNT_REPORT_SLACK_CHANNEL").strip()
+    if not channel:
+        return None
+    token = env("SLACK_BOT_TOKEN").strip()
+    if not token:
+        raise DeliveryError({"slack": f"slack {channel}: SLACK_BOT_TOKEN is empty"})
+    return SlackConfig(channel=channel, token=token, api_url=env("FOXHUNT_REPORT_SLACK_API_URL").strip())
+
+
+# -- the one entry point -----------------------------------------------------------------------------------
+def deliver(report: Report, week_start: date, link: str | None = None) -> list[str]:
+    """Send the report to every configured sink; returns what was done ("email to a@b, c@d",
+    "slack #costs"), [] when nothing is configured. link: an http(s) URL to the report (the Dagster UI),
+    added to the e-mail and the Slack message. Raises DeliveryError (configuration checked before anything
+    is sent; then every sink is tried and the failures are raised together)."""
+    week = week_start.date() if isinstance(week_start, datetime) else week_start
+    link = link if link and re.match(r"https?://", link) else None
+    email = email_config()
+    slack = slack_config()
+    done: list[str] = []
+    failures: dict[str, str] = {}
+    if email is not None:
+        try:
+            done.append(send_email(build_email(report, week, email, link), email))
+        except DeliveryError as exc:
+            failures.update(exc.failures)
+    if slack is not None:
+        try:
+            done.append(send_slack(report, week, slack, link))
+        except DeliveryError as exc:
+            failures.update(exc.failures)
+    if failures:
+        raise DeliveryError(failures, done)
+    return done
+
+
+def _scrub(text: str, *secrets: str) -> str:
+    for secret in secrets:
+        if secret:
+            for form in (secret, base64.b64encode(secret.encode()).decode()):
+                text = text.replace(form, "***")
+    return text
+
+
+def _failure(exc: BaseException, *secrets: str) -> str:
+    text = str(exc)
+    if isinstance(exc, smtplib.SMTPResponseException):  # "535 5.7.8 ...", not "(535, b'5.7.8 ...')"
+        reply = exc.smtp_error
+        text = f"{exc.smtp_code} {reply.decode(errors='replace') if isinstance(reply, bytes) else reply}"
+    text = _scrub(text, *secrets).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# -- e-mail --------------------------------------------------------------------------------------------------
+def report_subject(report: Report, week_start: date) -> str:
+    f = report.figures
+    return (
+        f"GPU cost report — week of {week_start.isoformat()}: {money(f.get('total_usd'))}, "
+        f"idle {money(f.get('idle_usd'))} ({pct(f.get('idle_pct'))})"
+    )
+
+
+_MD_IMAGE = re.compile(r"!\[((?:\\.|[^\]\\])*)\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)")
+
+
+def _plain_text(report: Report, link: str | None) -> str:
+    """The Markdown without its data: images (each becomes the name of the attached PNG)."""
+    names = {base64.b64encode(png).decode("ascii"): name for name, png in report.charts.items()}
+
+    def image(m: re.Match) -> str:
+        alt = re.sub(r"\\(.)", r"\1", m.group(1))
+        name = names.get(m.group(2))
+        return f"[{alt}: see the attached {name}]" if name else f"[{alt}: see the attached report.html]"
+
+    text = _MD_IMAGE.sub(image, report.markdown)
+    if link:
+        text = f"Open this report in Dagster: {link}\n\n{text}"
+    return text
+
+
+def _html_body(report: Report, link: str | None) -> str:
+    if not link or "<main>" not in report.html:
+        return report.html
+    anchor = f'<p><a href="{html.escape(link, quote=True)}">Open this report in Dagster</a></p>\n'
+    return report.html.replace("<main>\n", "<main>\n" + anchor, 1)
+
+
+def build_email(
+    report: Report, week_start: date, config: EmailConfig, link: str | None = None
+) -> EmailMessage:
+    msg = EmailMessage()
+    msg["Subject"] = report_subject(report, week_start)
+    msg["From"] = config.sender
+    msg["To"] = ", ".join(config.to)
+    msg["Date"] = formatdate(usegmt=True)
+    msg["Message-ID"] = make_msgid(domain=_address(config.sender).rpartition("@")[2] or None)
+    msg.set_content(_plain_text(report, link))
+    msg.add_alternative(_html_body(report, link), subtype="html")
+    for name, png in sorted(report.charts.items()):
+        msg.add_attachment(png, maintype="image", subtype="png", filename=name)
+    # base64 bytes: the saved file is the page byte for byte (text parts travel with CRLF line ends)
+    html_bytes = report.html.encode("utf-8")
+    msg.add_attachment(
+        html_bytes, maintype="text", subtype="html", filename="report.html", params={"charset": "utf-8"}
+    )
+    return msg
+
+
+def send_email(msg: EmailMessage, config: EmailConfig, timeout: float = TIMEOUT_S) -> str:
+    """Send over SMTP; returns "email to a@b, c@d"."""
+    step = "connect"
+    try:
+        with smtplib.SMTP(config.host, config.port, timeout=timeout) as smtp:
+            step = "EHLO"
+            smtp.ehlo()
+            if config.starttls:
+                step = "STARTTLS"
+                smtp.starttls(context=ssl.create_default_context())
+                smtp.ehlo()
+            if config.user:
+                if not config.starttls:
+                    log.warning(
+                        "e-mail: logging in to %s as %s without STARTTLS (the password travels in clear)",
+                        config.server,
+                        config.user,
+                    )
+                step = "login"
+                smtp.login(config.user, config.password)
+            step = "send"
+            refused = smtp.send_message(msg, from_addr=config.sender, to_addrs=list(config.recipients))
+    except (OSError, smtplib.SMTPException) as exc:  # socket errors, timeouts and TLS errors are OSErrors
+        message = f"email via SMTP {config.server}: {step} failed: {_failure(exc, config.password)}"
+        raise DeliveryError({"email": message}) from None
+    if refused:
+        accepted = [r for r in config.recipients if r not in refused]
+        message = (
+            f"email via SMTP {config.server}: recipients refused: {sorted(refused)} "
+            f"(sent to {', '.join(accepted)})"
+        )
+        raise DeliveryError({"email": message})
+    done = f"email to {', '.join(config.recipients)}"
+    log.info("weekly report: %s via %s", done, config.server)
+    return done
+
+
+# -- Slack ---------------------------------------------------------------------------------------------------
+def slack_text(report: Report, week_start: date, link: str | None = None) -> str:
+    """The headline in Slack mrkdwn (only numbers and the link come from outside; the link is escaped)."""
+    f = report.figures
+    lines = [
+        f"*GPU cost report — week of {week_start.isoformat()}*",
+        f"Spend {money(f.get('total_usd'))} · idle {money(f.get('idle_usd'))} ({pct(f.get('idle_pct'))}) · "
+        f"GPU utilization {pct(f.get('util_pct'))} · {money(f.get('usd_per_active_gpu_hour'))} "
+        "per active GPU-hour",
+    ]
+    extra = []
+    if money(f.get("bill_usd")) != NO_VALUE:
+        gap = pct(f.get("estimate_gap_pct"), signed=True)
+        extra.append(f"Bill {money(f.get('bill_usd'))} (estimate gap {gap})")
+    if pct(f.get("week_over_week_usd_pct")) != NO_VALUE:
+        extra.append(f"Week over week {pct(f.get('week_over_week_usd_pct'), signed=True)}")
+    if extra:
+        lines.append(" · ".join(extra))
+    tail = "The full report (HTML) is in the thread."
+    if link:
+        safe = link.replace("&", "&amp;").replace("<", "%3C").replace(">", "%3E").replace("|", "%7C")
+        tail = f"<{safe}|Open it in Dagster>. " + tail
+    lines.append(tail)
+    return "\n".join(lines)
+
+
+class _CappedRateLimitRetry(RateLimitErrorRetryHandler):
+    """slack_sdk's 429 handler with its sleep (Slack's Retry-After) cut to SLACK_MAX_RETRY_AFTER_S."""
+
+    def prepare_for_next_attempt(self, *, state, request, response=None, error=None) -> None:
+        if response is None:
+            raise error  # type: ignore[misc]
+        value = next((v for k, v in response.headers.items() if k.lower() == "retry-after"), "1")
+        try:
+            wait = float(value[0] if isinstance(value, list) else value)
+        except (TypeError, ValueError, IndexError):
+            wait = 1.0
+        state.next_attempt_requested = True
+        time.sleep(min(max(wait, 0.0), SLACK_MAX_RETRY_AFTER_S))
+        state.increment_current_attempt()
+
+
+def _slack_client(config: SlackConfig) -> WebClient:
+    return WebClient(
+        token=config.token,
+        base_url=config.api_url,
+        timeout=int(TIMEOUT_S),
+        retry_handlers=[
+            ConnectionErrorRetryHandler(max_retry_count=SLACK_RETRIES),
+            _CappedRateLimitRetry(max_retry_count=SLACK_RETRIES),
+        ],
+    )
+
+
+def send_slack(report: Report, week_start: date, config: SlackConfig, link: str | None = None) -> str:
+    """Post the headline to the channel and upload report.html into its thread; returns "slack #channel"."""
+    client = _slack_client(config)
+    step = "chat.postMessage"
+    try:
+        posted = client.chat_postMessage(
+            channel=config.channel,
+            text=slack_text(report, week_start, link),
+            unfurl_links=False,
+            unfurl_media=False,
+        )
+        step = "files_upload_v2"
+        client.files_upload_v2(
+            channel=posted["channel"],  # the id: files.completeUploadExternal takes no channel name
+            thread_ts=posted["ts"],
+            content=report.html,
+            filename=f"gpu-cost-report-{week_start.isoformat()}.html",
+            title=f"GPU cost report — week of {week_start.isoformat()}",
+        )
+    except SlackApiError as exc:
+        error = str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
+        hint = ""
+        if error in ("channel_not_found", "not_in_channel"):
+            hint = " (check the channel name and invite the bot to the channel)"
+        elif error in ("invalid_auth", "not_authed", "token_revoked", "account_inactive"):
+            hint = " (check SLACK_BOT_TOKEN)"
+        elif error == "missing_scope":
+            hint = " (the bot needs the chat:write and files:write scopes)"
+        message = (
+            f"slack {config.channel} via {config.api_url}: {step} failed: {_scrub(error, config.token)}{hint}"
+        )
+        raise DeliveryError({"slack": message}) from None
+    except Exception as exc:  # connection errors, timeouts, a failed upload (SlackRequestError), a bad answer
+        message = f"slack {config.channel} via {config.api_url}: {step} failed: {_failure(exc, config.token)}"
+        raise DeliveryError({"slack": message}) from None
+    done = f"slack {config.channel}"
+    log.info("weekly report: %s (message %s, report.html in its thread)", done, posted["ts"])
+    return done
