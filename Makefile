@@ -5,9 +5,9 @@ STAMP := .venv/.installed-$(shell cat pyproject.toml exporter/pyproject.toml | s
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.foxhunt/dagster_home
 
-.PHONY: demo test ui bench lint install prometheus chromium sandbox-down
+.PHONY: demo test ui bench lint install prometheus chromium alertmanager sandbox-down
 
-install: $(STAMP) prometheus chromium
+install: $(STAMP) prometheus chromium alertmanager
 
 $(STAMP):
 	@command -v python3 >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3 python3-venv; }
@@ -27,6 +27,14 @@ chromium:
 	@if ! command -v chromium >/dev/null; then \
 	  echo "installing Chromium (Debian package)"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	fi
+
+# Alertmanager receives the alert sensors' notifications in the tests (foxhunt_obs_tests/delivery, sandbox).
+# --no-install-recommends: the binary only, no system service is enabled by the tests.
+alertmanager:
+	@if ! [ -x /usr/bin/prometheus-alertmanager ]; then \
+	  echo "installing Alertmanager (Debian package)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus-alertmanager >/dev/null; \
 	fi
 
 demo: install
@@ -49,6 +57,7 @@ bench: install
 	$(PY) bench/prometheus_ingest.py
 	$(PY) bench/exporter.py
 	$(PY) bench/mlflow_ingest.py
+	$(PY) bench/report.py
 
 lint: install
 	.venv/bin/ruff check .

@@ -124,8 +124,11 @@ def _up(args) -> dict:
 
 
 def export_rules(out: Path) -> list[Path]:
-    """The recording rules as a Prometheus rules file and as a PrometheusRule (prometheus-operator)."""
+    """The recording rules and the alerting rules (alert_rules.yaml's enabled rules with promql, as
+    overridden by FOXHUNT_ALERT_RULES), each as a Prometheus rules file and as a PrometheusRule
+    (prometheus-operator)."""
 
+    from foxhunt_obs.lib.alerts import prometheus_rules as alerting
     from foxhunt_obs.lib.analysis.catalog import load_catalog
     from foxhunt_obs.lib.analysis.recording_rules import recording_rules, render
     from foxhunt_obs.lib.settings import Settings
@@ -141,10 +144,13 @@ def export_rules(out: Path) -> list[Path]:
         },
         "spec": rules,
     }
+    alerts = alerting.alerting_rules()
     out.mkdir(parents=True, exist_ok=True)
     files = {
         out / "foxhunt-recording-rules.yaml": render(rules),
         out / "foxhunt-recording-rules.prometheusrule.yaml": render(manifest),
+        out / "foxhunt-rules.yaml": alerting.render(alerts),
+        out / "foxhunt-rules.prometheusrule.yaml": alerting.render(alerting.prometheus_rule(alerts)),
     }
     for path, text in files.items():
         path.write_text(text)

@@ -366,6 +366,31 @@ OUTCOME_PER_DOLLAR = TableSpec(
     ),
 )
 
+ALERTS = TableSpec(
+    name="alerts",
+    partition="day",
+    doc=(
+        "One row per alert transition (firing or resolved), partitioned by the day of the transition; "
+        "(fingerprint, status, starts_at) is unique: a retried delivery adds no row."
+    ),
+    schema=pa.schema(
+        [
+            ("day", pa.date32()),  # of ts
+            ("ts", TS),  # the transition: starts_at when firing, ends_at when resolved
+            ("rule", pa.string()),  # the rule id (Alertmanager's alertname)
+            ("fingerprint", pa.string()),
+            ("severity", pa.string()),  # critical / warning / info
+            ("status", pa.string()),  # firing / resolved
+            ("labels", pa.string()),  # JSON object
+            ("summary", pa.string()),
+            ("value", pa.float64()),  # the value that fired the rule (NaN kept)
+            ("starts_at", TS),
+            ("ends_at", TS),  # null while firing
+            ("sent_to", pa.string()),  # comma-separated sinks that accepted it: alertmanager,slack,webhook
+        ]
+    ),
+)
+
 TABLES: dict[str, TableSpec] = {
     t.name: t
     for t in (
@@ -383,5 +408,6 @@ TABLES: dict[str, TableSpec] = {
         COST_ALLOCATION,
         UTILIZATION_PER_DOLLAR,
         OUTCOME_PER_DOLLAR,
+        ALERTS,
     )
 }

@@ -83,6 +83,32 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("SLACK_BOT_TOKEN", "", "Slack bot token, scopes chat:write and files:write (never logged)"),
     Setting("FOXHUNT_REPORT_SLACK_API_URL", "https://slack.com/api/", "Slack Web API base URL"),
+    Setting(
+        "FOXHUNT_ALERT_RULES",
+        "",
+        "YAML file overriding alert rule thresholds, durations, severities or enabling",
+    ),
+    Setting(
+        "FOXHUNT_ALERTMANAGER_URL",
+        "",
+        "Alertmanager base URL the alerts are posted to (empty: no Alertmanager)",
+    ),
+    Setting(
+        "FOXHUNT_ALERT_SLACK_CHANNEL",
+        "",
+        "Slack channel for alert notifications, #name or id (empty: no Slack)",
+    ),
+    Setting(
+        "FOXHUNT_ALERT_WEBHOOK_URL", "", "URL alert notifications are POSTed to as signed JSON (empty: none)"
+    ),
+    Setting(
+        "FOXHUNT_ALERT_WEBHOOK_SECRET", "", "HMAC-SHA256 key signing the alert webhook's body (never logged)"
+    ),
+    Setting(
+        "FOXHUNT_DAGSTER_URL",
+        "http://127.0.0.1:3000",
+        "Dagster UI base URL: the alerts' links (generatorURL)",
+    ),
 )
 
 _DEFAULTS = {s.env: s.default for s in SETTINGS}

@@ -11,6 +11,7 @@ the cached TSDB (``copy_tsdb``) and the cache stays pristine.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -36,8 +37,17 @@ class SandboxError(RuntimeError):
     pass
 
 
+RECORDING_RULES = (
+    Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "foxhunt-recording-rules.yaml"
+)
+
+
+def _rules_digest() -> str:
+    return hashlib.sha256(RECORDING_RULES.read_bytes()).hexdigest()[:8]
+
+
 def tsdb_path(scenario: Scenario, cache_root: Path, metrics: set[str] | None = None) -> Path:
-    only = "-" + "-".join(sorted(metrics)) if metrics else ""
+    only = "-" + "-".join(sorted(metrics)) if metrics else f"-r{_rules_digest()}"
     return Path(cache_root) / f"{scenario.name}-{scenario.fingerprint()[:12]}{only}" / "tsdb"
 
 
@@ -66,9 +76,36 @@ def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = 
         with ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(backfill, files))
         shutil.rmtree(tmp / "openmetrics")
+        if not metrics:
+            backfill_recording_rules(scenario, tmp / "tsdb", tmp)
 
     final = tsdb_path(scenario, cache_root, metrics).parent
     return build_once(final, build, f"{scenario.name} {scenario.fingerprint()}") / "tsdb"
+
+
+def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
+    """The canonical recording rules (foxhunt:gpu_*) evaluated over the scenario's history and added to
+    the TSDB as blocks: Prometheus evaluates rules only from when it starts, but dashboards and the alert
+    rules read these names in the past too (a replay of the scenario through the alert sensor)."""
+    out = work / "rule-blocks"
+    with PrometheusServer(tsdb, workdir=work) as server:
+        r = subprocess.run(
+            [
+                PROMTOOL, "tsdb", "create-blocks-from", "rules", "--quiet",
+                f"--url={server.url}", f"--start={int(scenario.start.timestamp())}",
+                f"--end={int(scenario.end.timestamp())}", f"--eval-interval={scenario.step_s}s",
+                f"--output-dir={out}", str(RECORDING_RULES),
+            ],
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+    if r.returncode:
+        raise SandboxError(
+            f"promtool create-blocks-from rules failed (exit {r.returncode}): {r.stderr[-2000:]}"
+        )
+    for block in out.iterdir():
+        block.rename(tsdb / block.name)
+    shutil.rmtree(out)
 
 
 def copy_tsdb(src: Path, dst: Path) -> Path:
@@ -253,9 +290,6 @@ def _alive(pid: int) -> bool:
 _DETACHED: dict[int, subprocess.Popen] = {}
 
 
-RECORDING_RULES = (
-    Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "foxhunt-recording-rules.yaml"
-)
 EXPORTER_JOB = "foxhunt-gpu-exporter"
 LIVE_NODE = "sandbox-live-node"
 

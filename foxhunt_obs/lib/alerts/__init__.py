@@ -1,0 +1,23 @@
+"""Alert rules (DESIGN §6): the catalog (`catalog`) and its Prometheus export (`prometheus_rules`)."""
+
+from foxhunt_obs.lib.alerts.catalog import (
+    SEVERITIES,
+    SOURCES,
+    Rule,
+    RuleCatalogError,
+    alert_name,
+    format_duration,
+    load_rules,
+    parse_duration,
+)
+
+__all__ = [
+    "SEVERITIES",
+    "SOURCES",
+    "Rule",
+    "RuleCatalogError",
+    "alert_name",
+    "format_duration",
+    "load_rules",
+    "parse_duration",
+]

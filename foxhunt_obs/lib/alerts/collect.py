@@ -1,0 +1,173 @@
+"""One evaluation of the rule catalog: read each source as of `now`, run every enabled rule, and return
+what fired. Live, `now` is the tick's time; replaying a scenario, it walks through the past, so every
+read is "as of now" (Prometheus instant queries at `now`, MLflow points logged up to `now`, CloudWatch
+points of the minutes before `now`, lake partitions up to `now`'s day).
+
+A source that cannot be read leaves its rules unevaluated: their alerts keep their state (no resolve on
+missing data) and the error is returned for the sensor's log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import pandas as pd
+
+from foxhunt_obs.lib.alerts.catalog import Rule
+from foxhunt_obs.lib.alerts.evaluate import EVALUATORS, Finding, from_vector
+
+MLFLOW_KEYS = ("actor/loss", "success_rate", "actor/entropy")
+MLFLOW_LOOKBACK = timedelta(hours=24)  # enough points for the robust windows of the training rules
+FSX_LOOKBACK = timedelta(minutes=30)  # the fsx rule's `for` (10 min) and CloudWatch's lateness
+COST_LOOKBACK_DAYS = 21
+
+
+@dataclass
+class Sources:
+    """Whatever is configured; None means the source is not there (its rules are skipped)."""
+
+    prometheus: object | None = None  # lib.sources.prometheus.PrometheusClient
+    mlflow: object | None = None  # lib.sources.mlflow.MlflowSource
+    fsx: object | None = None  # lib.sources.fsx.FsxSource
+    fsx_ids: list[str] | None = None
+    lake: object | None = None  # lib.lake.Lake
+
+
+@dataclass
+class Evaluation:
+    evaluated: set[str] = field(default_factory=set)  # rule ids evaluated this tick
+    findings: list[Finding] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # source -> what went wrong
+
+
+def collect(rules: list[Rule], sources: Sources, now: datetime) -> Evaluation:
+    out = Evaluation()
+    enabled = [r for r in rules if r.enabled]
+    readers: dict[str, Callable[[list[Rule]], None]] = {
+        "prometheus": lambda rs: _prometheus(rs, sources, now, out),
+        "mlflow": lambda rs: _frame_rules(rs, _mlflow_frame(sources, now), now, out),
+        "cloudwatch": lambda rs: _frame_rules(rs, _fsx_frame(sources, now), now, out),
+        "lake": lambda rs: _lake_rules(rs, sources, now, out),
+    }
+    for source, read in readers.items():
+        mine = [r for r in enabled if r.source == source]
+        if not mine:
+            continue
+        if getattr(sources, "fsx" if source == "cloudwatch" else source) is None:
+            continue
+        try:
+            read(mine)
+        except Exception as e:  # noqa: BLE001 - a source down must not stop the others
+            out.errors[source] = f"{type(e).__name__}: {e}"
+    return out
+
+
+# Values a summary names that are no label of the rule's result; the exported Prometheus rules compute
+# the same with a template query (lib/alerts/prometheus_rules.DERIVED).
+GPUS_PER_POD = 'count by (namespace, pod) (foxhunt:gpu_util:ratio{pod!=""})'
+
+
+def _prometheus(rules: list[Rule], sources: Sources, now: datetime, out: Evaluation) -> None:
+    client, at = sources.prometheus, now.timestamp()
+    gpus: dict[tuple[str, str], float] | None = None
+    for rule in rules:
+        samples = client.query(rule.expr(), at, what=f"alert rule {rule.id}")
+        vector = [{"metric": labels, "value": [at, str(value)]} for labels, value in samples]
+        findings = from_vector(rule, vector, now)
+        if findings and "{gpus" in rule.summary + rule.description:
+            if gpus is None:
+                gpus = {
+                    (m.get("namespace", ""), m.get("pod", "")): int(v)
+                    for m, v in client.query(GPUS_PER_POD, at, what="GPUs per pod")
+                }
+            for f in findings:
+                f.extra.setdefault(
+                    "gpus", gpus.get((f.labels.get("namespace", ""), f.labels.get("pod", "")), 0)
+                )
+        out.findings += findings
+        out.evaluated.add(rule.id)
+
+
+def _frame_rules(rules: list[Rule], frame: pd.DataFrame, now: datetime, out: Evaluation) -> None:
+    for rule in rules:
+        out.findings += _call(rule, frame, now)
+        out.evaluated.add(rule.id)
+
+
+def _call(rule: Rule, frame: pd.DataFrame, now: datetime) -> list[Finding]:
+    fn = EVALUATORS[rule.id]
+    takes_now = len(inspect.signature(fn).parameters) >= 3
+    return fn(rule, frame, now) if takes_now else fn(rule, frame)
+
+
+def _mlflow_frame(sources: Sources, now: datetime) -> pd.DataFrame:
+    """The recent points of the training rules' keys for runs running as of `now` (started, and not yet
+    ended: a RUNNING run has no end time)."""
+    runs = [
+        r
+        for r in sources.mlflow.runs()
+        if not r.deleted
+        and r.start_time is not None
+        and r.start_time <= now
+        and (r.end_time > now if r.end_time is not None else r.status == "RUNNING")
+    ]
+    wanted = [
+        dataclasses.replace(r, metric_keys=tuple(k for k in r.metric_keys if k in MLFLOW_KEYS)) for r in runs
+    ]
+    points = sources.mlflow.histories([r for r in wanted if r.metric_keys]).to_pandas()
+    if points.empty:
+        return pd.DataFrame(columns=["run_id", "run_name", "experiment", "key", "step", "ts", "value"])
+    since = now - MLFLOW_LOOKBACK
+    points = points[(points.ts <= pd.Timestamp(now)) & (points.ts > pd.Timestamp(since))]
+    names = {r.run_id: (r.run_name, r.tags.get("experiment") or r.experiment_name) for r in runs}
+    points["run_name"] = points.run_id.map(lambda i: names[i][0])
+    points["experiment"] = points.run_id.map(lambda i: names[i][1])
+    return points.sort_values(["run_id", "key", "ts", "step"]).reset_index(drop=True)
+
+
+def _fsx_frame(sources: Sources, now: datetime) -> pd.DataFrame:
+    fsx = sources.fsx
+    end = now.replace(second=0, microsecond=0)
+    file_systems = fsx.file_systems(sources.fsx_ids or None)
+    table = fsx.metrics(file_systems, end - FSX_LOOKBACK, end, partition=f"alerts as of {now:%Y-%m-%dT%H:%M}")
+    frame = table.to_pandas()
+    for col in ("file_system_id", "file_system_name", "metric", "statistic"):
+        frame[col] = frame[col].astype(str)
+    return frame
+
+
+def _lake_rules(rules: list[Rule], sources: Sources, now: datetime, out: Evaluation) -> None:
+    from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY
+
+    lake = sources.lake
+    day = now.astimezone(timezone.utc).date()
+    first = (day - timedelta(days=COST_LOOKBACK_DAYS)).isoformat()
+    frames = {
+        "budget_burn": lambda: lake.query(
+            """SELECT * FROM budgets WHERE source = 'budgets' AND day = (
+                 SELECT max(day) FROM budgets WHERE day <= $day)""",
+            {"day": day.isoformat()},
+            tables=[BUDGETS],
+        ).to_pandas(),
+        # the days before today are complete: CUR where it landed, else Cost Explorer
+        "cost_spike": lambda: lake.query(
+            """WITH d AS (
+                 SELECT day, project, source, sum(cost_usd) AS cost_usd FROM costs_daily
+                 WHERE day >= $first AND day < $day AND source IN ('cur', 'ce') GROUP BY ALL
+               ),
+               best AS (SELECT day, min(source) FILTER (WHERE source = 'cur') AS cur FROM d GROUP BY day)
+               SELECT CAST(d.day AS DATE) AS day, d.project, d.cost_usd FROM d JOIN best USING (day)
+               WHERE d.source = coalesce(best.cur, 'ce') ORDER BY d.day, d.project""",
+            {"first": first, "day": day.isoformat()},
+            tables=[COSTS_DAILY],
+        ).to_pandas(),
+    }
+    for rule in rules:
+        if rule.id not in frames:
+            continue
+        out.findings += _call(rule, frames[rule.id](), now)
+        out.evaluated.add(rule.id)

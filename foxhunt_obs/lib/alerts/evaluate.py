@@ -1,0 +1,368 @@
+"""Evaluators of the rules without PromQL, and the PromQL result → findings conversion (DESIGN §6).
+
+Each evaluator is a pure function of a source's latest data (a pandas frame) and its `Rule`, thresholds
+from `rule.thresholds`; it returns one `Finding` per alert instance whose condition holds now. A finding's
+`at` is when its condition started where the data shows it (FSx: the first point of the current run below
+the floor; NaN loss: the first non-finite point of the trailing run), else the time of the newest data
+that shows it; the state machine (state.py) keeps the earliest `at` of a continuing alert as its `since`
+and applies the rule's `for`.
+
+Frames (columns used; others are ignored):
+  mlflow      run_id, run_name, experiment, key, step, ts, value — recent points of the running runs
+  cloudwatch  ts, file_system_id, file_system_name, metric, statistic, value — fsx_metrics rows
+  lake        budgets rows (budget_name, limit_usd, actual_usd, forecast_usd [, source, day, synced_at]);
+              daily costs (day, project, cost_usd) of one source
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta, timezone
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from foxhunt_obs.lib.alerts import anomaly
+from foxhunt_obs.lib.alerts.catalog import Rule
+from foxhunt_obs.lib.analysis.training_health import load_thresholds
+
+FSX_FREE_METRIC = "FreeDataStorageCapacity"
+FSX_FREE_STATISTIC = "Minimum"  # the fullest OST
+BUDGETS_SOURCE = "budgets"  # AWS Budgets: forecast_usd is the whole period's forecast (ForecastedSpend)
+CE_FORECAST_SOURCE = "ce_forecast"  # Cost Explorer: forecast_usd covers [today, end of period) only
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One alert instance whose condition holds now.
+
+    labels: what identifies and describes it (the rule's `key` labels make its fingerprint);
+    value: the number the summary shows as {value}; at: when the condition started, as far as the data
+    shows (None: unknown, the state machine uses the tick's time); extra: more template fields."""
+
+    rule: str
+    labels: dict[str, str]
+    value: float
+    at: datetime | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    __hash__ = None  # dict fields
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def utc(t: Any) -> datetime:
+    """A datetime, pandas Timestamp, numpy datetime64 or date as an aware UTC datetime (naive = UTC)."""
+    if isinstance(t, date) and not isinstance(t, datetime):
+        return datetime.combine(t, time.min, tzinfo=timezone.utc)
+    ts = pd.Timestamp(t)
+    ts = ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+    return ts.to_pydatetime()
+
+
+def _day(d: Any) -> date:
+    if isinstance(d, datetime):
+        return d.date()
+    if isinstance(d, date):
+        return d
+    return pd.Timestamp(d).date()
+
+
+def _label(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return str(v)
+
+
+def _empty(frame: pd.DataFrame | None, *cols: str) -> bool:
+    return frame is None or frame.empty or any(c not in frame.columns for c in cols)
+
+
+def _int(x: Any) -> int | None:
+    try:
+        return None if x is None or pd.isna(x) else int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+# -- mlflow ------------------------------------------------------------------------------------------
+
+
+def _mlflow_key(name: str) -> str:
+    """The MLflow metric key of a training_health key name (one place: data/training_health.yaml)."""
+    return load_thresholds().keys[name]
+
+
+def _run_series(metrics: pd.DataFrame | None, key: str) -> Iterator[tuple[dict[str, str], pd.DataFrame]]:
+    """Per run (by run_id), the run's labels and its points of `key` in logging order (ts, then step)."""
+    if _empty(metrics, "run_id", "key", "ts", "value"):
+        return
+    m = metrics[metrics["key"] == key]
+    if m.empty:
+        return
+    sort = ["run_id", "ts", "step"] if "step" in m.columns else ["run_id", "ts"]
+    m = m.sort_values(sort, kind="stable")
+    for run_id, g in m.groupby("run_id", sort=True):
+        last = g.iloc[-1]
+        labels = {
+            "run_id": _label(run_id),
+            "run_name": _label(last.get("run_name")),
+            "experiment": _label(last.get("experiment")),
+        }
+        yield labels, g
+
+
+def nan_loss(rule: Rule, metrics: pd.DataFrame) -> list[Finding]:
+    """A finding per run whose latest actor/loss is NaN or ±Inf. at/step: the first non-finite point of
+    the trailing non-finite run; a later finite value means the run recovered (no finding)."""
+    out = []
+    for labels, g in _run_series(metrics, _mlflow_key("loss")):
+        values = g["value"].to_numpy(dtype=float)
+        if np.isfinite(values[-1]):
+            continue
+        finite_at = np.nonzero(np.isfinite(values))[0]
+        first = int(finite_at[-1]) + 1 if finite_at.size else 0
+        steps = g["step"].to_numpy() if "step" in g.columns else [None] * len(g)
+        out.append(
+            Finding(
+                rule=rule.id,
+                labels=labels,
+                value=float(values[-1]),
+                at=utc(g["ts"].iloc[first]),
+                extra={
+                    "step": _int(steps[first]),
+                    "last_step": _int(steps[-1]),
+                    "nonfinite_points": len(values) - first,
+                },
+            )
+        )
+    return out
+
+
+def _windowed(rule: Rule, metrics: pd.DataFrame, key: str, test: Callable) -> list[Finding]:
+    out = []
+    for labels, g in _run_series(metrics, key):
+        values = g["value"].to_numpy(dtype=float)
+        verdict = test(values)
+        if verdict is None or not verdict.fired:
+            continue
+        ok = np.isfinite(values)
+        out.append(
+            Finding(
+                rule=rule.id,
+                labels=labels,
+                value=verdict.value,
+                at=utc(g["ts"].to_numpy()[ok][-1]),
+                extra={"baseline": verdict.baseline},
+            )
+        )
+    return out
+
+
+def success_rate_drop(rule: Rule, metrics: pd.DataFrame) -> list[Finding]:
+    """A finding per run whose success_rate median over the last `window` points is at least `drop` below
+    the best median of a `window`-point run before them (anomaly.sudden_drop). value: the last window's
+    median; extra baseline: the best trailing median; at: the newest point."""
+    w, drop = int(rule.thresholds["window"]), float(rule.thresholds["drop"])
+    return _windowed(rule, metrics, _mlflow_key("success_rate"), lambda v: anomaly.sudden_drop(v, w, drop))
+
+
+def entropy_collapse(rule: Rule, metrics: pd.DataFrame) -> list[Finding]:
+    """A finding per run whose actor/entropy median over the last `window` points is below `entropy_min`
+    (anomaly.collapse_below). value: that median; at: the newest point."""
+    w, floor = int(rule.thresholds["window"]), float(rule.thresholds["entropy_min"])
+    return _windowed(rule, metrics, _mlflow_key("entropy"), lambda v: anomaly.collapse_below(v, w, floor))
+
+
+# -- cloudwatch --------------------------------------------------------------------------------------
+
+
+def fsx_low_space(rule: Rule, fsx: pd.DataFrame, now: datetime) -> list[Finding]:
+    """A finding per file system whose newest FreeDataStorageCapacity Minimum (at or before `now`) is
+    below `free_min_bytes`. at: the start of the first point of the current run of points below it (the
+    rule's `for` counts from there); value: the newest value in bytes; extra value_gb (10⁹ bytes)."""
+    if _empty(fsx, "ts", "file_system_id", "metric", "statistic", "value"):
+        return []
+    floor = float(rule.thresholds["free_min_bytes"])
+    f = fsx[(fsx["metric"] == FSX_FREE_METRIC) & (fsx["statistic"] == FSX_FREE_STATISTIC)].copy()
+    if f.empty:
+        return []
+    f["ts"] = pd.to_datetime(f["ts"], utc=True)
+    f = f[f["ts"] <= pd.Timestamp(utc(now))]
+    f = f[np.isfinite(f["value"].to_numpy(dtype=float))]
+    out = []
+    for fs_id, g in f.groupby("file_system_id", sort=True):
+        per_ts = g.groupby("ts", sort=True)["value"].min()  # a point read twice: the lower one
+        values = per_ts.to_numpy(dtype=float)
+        if not values.size or values[-1] >= floor:
+            continue
+        above = np.nonzero(values >= floor)[0]
+        first = int(above[-1]) + 1 if above.size else 0
+        name = g["file_system_name"].iloc[-1] if "file_system_name" in g.columns else ""
+        out.append(
+            Finding(
+                rule=rule.id,
+                labels={"file_system_id": _label(fs_id), "file_system_name": _label(name)},
+                value=float(values[-1]),
+                at=utc(per_ts.index[first]),
+                extra={"value_gb": float(values[-1]) / 1e9, "points_below": int(values.size - first)},
+            )
+        )
+    return out
+
+
+# -- lake --------------------------------------------------------------------------------------------
+
+
+def _projected(row: Mapping[str, Any]) -> tuple[float | None, str]:
+    """A budget's spend for its whole period and what it rests on.
+
+    AWS Budgets' ForecastedSpend (source `budgets`, the table's default) is already the whole period's
+    forecast, actual spend included: adding the actual would count the month-to-date twice. It can lag or
+    be missing (Budgets needs some history to forecast), so the projection is max(actual, forecast).
+    A Cost Explorer forecast (source `ce_forecast`) covers the rest of the period only: actual + forecast.
+    """
+    actual, forecast = row.get("actual_usd"), row.get("forecast_usd")
+    actual = float(actual) if actual is not None and pd.notna(actual) else None
+    forecast = float(forecast) if forecast is not None and pd.notna(forecast) else None
+    if row.get("source") == CE_FORECAST_SOURCE:
+        if forecast is None:
+            return actual, "actual"
+        return (actual or 0.0) + forecast, "actual+forecast"
+    if forecast is None:
+        return actual, "actual"
+    if actual is None or forecast >= actual:
+        return forecast, "forecast"
+    return actual, "actual"
+
+
+def budget_burn(rule: Rule, budgets: pd.DataFrame) -> list[Finding]:
+    """A finding per budget whose projected spend for the period (see _projected) exceeds `burn_pct` % of
+    its limit. Budgets without a dollar limit (USAGE budgets, the Cost Explorer forecast row) are skipped;
+    of several rows of one budget the newest (day, then synced_at) counts. value: the projection;
+    extra pct, limit_usd, actual_usd, forecast_usd, basis; at: the row's synced_at, else its day."""
+    if _empty(budgets, "budget_name", "limit_usd"):
+        return []
+    burn = float(rule.thresholds["burn_pct"])
+    b = budgets
+    order = [c for c in ("day", "synced_at") if c in b.columns]
+    if order:
+        b = b.sort_values(order, kind="stable")
+    out = []
+    for _, row in b.groupby("budget_name", sort=True).tail(1).sort_values("budget_name").iterrows():
+        limit = row.get("limit_usd")
+        if limit is None or pd.isna(limit) or float(limit) <= 0:
+            continue
+        value, basis = _projected(row)
+        if value is None:
+            continue
+        pct = 100.0 * value / float(limit)
+        if pct <= burn:
+            continue
+        at = None
+        if "synced_at" in row and pd.notna(row["synced_at"]):
+            at = utc(row["synced_at"])
+        elif "day" in row and pd.notna(row["day"]):
+            at = utc(_day(row["day"]))
+        actual, forecast = row.get("actual_usd"), row.get("forecast_usd")
+        out.append(
+            Finding(
+                rule=rule.id,
+                labels={"budget_name": _label(row["budget_name"])},
+                value=value,
+                at=at,
+                extra={
+                    "pct": pct,
+                    "limit_usd": float(limit),
+                    "actual_usd": float(actual) if actual is not None and pd.notna(actual) else None,
+                    "forecast_usd": float(forecast) if forecast is not None and pd.notna(forecast) else None,
+                    "basis": basis,
+                },
+            )
+        )
+    return out
+
+
+def cost_spike(rule: Rule, daily: pd.DataFrame) -> list[Finding]:
+    """A finding per project whose cost on the latest day of `daily` is above median + k·MAD of its costs
+    on the `days` days before (anomaly.above_baseline), given at least `min_days` of those days have
+    cost rows (a project's first days are not a spike). Several rows of a project and day are summed.
+    value: the day's cost; extra threshold, day, median, mad; at: the day's midnight (UTC)."""
+    if _empty(daily, "day", "project", "cost_usd"):
+        return []
+    k = float(rule.thresholds["k"])
+    days = int(rule.thresholds["days"])
+    min_days = int(rule.thresholds["min_days"])
+    d = daily[["day", "project", "cost_usd"]].copy()
+    d["day"] = d["day"].map(_day)
+    d["project"] = d["project"].map(_label)
+    d = d[np.isfinite(d["cost_usd"].to_numpy(dtype=float))]
+    if d.empty:
+        return []
+    per_day = d.groupby(["project", "day"], sort=True)["cost_usd"].sum()
+    latest = max(d["day"])
+    first = latest - timedelta(days=days)
+    out = []
+    for project, s in per_day.groupby(level="project", sort=True):
+        s = s.droplevel("project")
+        if latest not in s.index:
+            continue
+        history = s[(s.index >= first) & (s.index < latest)].to_numpy(dtype=float)
+        value = float(s[latest])
+        verdict = anomaly.above_baseline(history, value, k, min_points=max(min_days, 1))
+        if verdict is None or not verdict.fired:
+            continue
+        base = anomaly.robust_baseline(history, k)
+        out.append(
+            Finding(
+                rule=rule.id,
+                labels={"project": project},
+                value=value,
+                at=utc(latest),
+                extra={
+                    "threshold": verdict.baseline,
+                    "day": latest.isoformat(),
+                    "median": base.median,
+                    "mad": base.mad,
+                    "history_days": base.n,
+                },
+            )
+        )
+    return out
+
+
+# -- prometheus --------------------------------------------------------------------------------------
+
+
+def from_vector(rule: Rule, result: Any, now: datetime) -> list[Finding]:
+    """An instant query's vector (`[{"metric": {...}, "value": [ts, "str"]}]`, or the whole `data` object
+    holding it as `result`) as findings: one per series, labels = its labels minus __name__, value = its
+    sample, at = `now` (a PromQL result does not say since when; the state machine keeps the first)."""
+    if isinstance(result, Mapping):
+        result = result.get("result") or []
+    out = []
+    at = utc(now)
+    for series in result or []:
+        metric = series.get("metric") or {}
+        sample = series.get("value") or [None, "NaN"]
+        try:
+            value = float(sample[1])
+        except (TypeError, ValueError, IndexError):
+            value = math.nan
+        labels = {str(k): _label(v) for k, v in metric.items() if k != "__name__"}
+        out.append(Finding(rule=rule.id, labels=labels, value=value, at=at))
+    return out
+
+
+EVALUATORS: dict[str, Callable[..., list[Finding]]] = {
+    "nan_loss": nan_loss,
+    "success_rate_drop": success_rate_drop,
+    "entropy_collapse": entropy_collapse,
+    "fsx_low_space": fsx_low_space,
+    "budget_burn": budget_burn,
+    "cost_spike": cost_spike,
+}

@@ -1,0 +1,634 @@
+"""Where alert notifications go (DESIGN §6): Alertmanager's v2 API, Slack, a signed JSON webhook, and the
+``alerts`` lake table. The anomaly sensors hand every firing/resolved *transition* to ``deliver_all``.
+
+Each sink has ``name`` (``alertmanager``, ``slack``, ``webhook``, ``lake``), ``target`` (its URL or channel,
+credentials cut out) and ``send(notifications)``, which returns when the sink accepted all of them and
+raises ``AlertSinkError`` (naming the sink and its target, never a secret; the cause's traceback chain cut)
+when it did not. ``sinks_from_env`` builds the configured ones (``FOXHUNT_ALERTMANAGER_URL``,
+``FOXHUNT_ALERT_SLACK_CHANNEL``, ``FOXHUNT_ALERT_WEBHOOK_URL``; the lake sink always, last); ``deliver_all``
+tries every sink, in order, and says which accepted. HTTP sinks: a bounded timeout, bounded retries on
+connection errors and 5xx (sending again is harmless everywhere: Alertmanager merges by label set, the lake
+de-duplicates, the webhook's body is the same bytes), a 4xx at once with the server's own message.
+
+**Alertmanager** (``POST {url}/api/v2/alerts``): one alert per notification; labels ``alertname`` (the rule
+id), ``severity``, ``foxhunt_fingerprint`` and the notification's labels (names made valid Prometheus label
+names; Alertmanager drops empty values itself); annotations ``summary``, ``description``, ``value``;
+``startsAt``; ``generatorURL`` (the Dagster UI link, left out unless http(s)).
+``endsAt``: a resolved notification sends its resolution time, and Alertmanager resolves the alert at once
+(it vanishes from ``GET /api/v2/alerts``). A firing one sends ``now + firing_ttl`` (default 24 h) rather
+than nothing: Alertmanager gives an alert without ``endsAt`` the cluster's ``resolve_timeout`` (default 5
+min) and then resolves it by itself, the Prometheus model where the sender re-sends every firing alert
+each minute. The sensors notify on transitions only, so omitting ``endsAt`` would show a still-firing
+alert as resolved (and tell a ``send_resolved`` receiver so) five minutes after it fired. The TTL bounds
+how long an alert outlives a dead sender. An alert firing longer than the TTL must be sent again (same
+notification, any time before it lapses: Alertmanager merges it, keeps the first ``startsAt``, notifies
+no one again). Alertmanager never re-opens a resolved alert from a re-sent resolution; it DOES re-open it
+from a later firing notification with the same labels, so a sender must never replay an old firing
+notification after its resolution.
+
+**Slack** (``slack_sdk``'s WebClient as in ``send.py``: ``SLACK_BOT_TOKEN``, scope ``chat:write``, the bot
+a member of the channel; ``FOXHUNT_REPORT_SLACK_API_URL``): one ``chat.postMessage`` per notification,
+🔥 firing / ✅ resolved, the summary, the labels, the value, a link into Dagster.
+
+**Webhook** (``FOXHUNT_ALERT_WEBHOOK_URL``, ``FOXHUNT_ALERT_WEBHOOK_SECRET``): ``POST`` of the JSON body
+``{"version": 1, "timestamp": <unix seconds>, "notifications": [...]}`` (each notification: rule,
+fingerprint, status, severity, labels, summary, description, value (null when not finite), starts_at,
+ends_at (ISO 8601 UTC, null while firing), generator_url), with headers
+``X-Foxhunt-Timestamp: <the same unix seconds>`` and
+``X-Foxhunt-Signature: sha256=<hex HMAC-SHA256 of the exact body bytes, keyed with the secret>``.
+To verify, on the receiving side::
+
+    import hashlib, hmac, json, time
+    raw = request.body                                   # the bytes as received: do not re-serialise
+    expected = "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, request.headers["X-Foxhunt-Signature"]):
+        reject(401)                                      # not from us, or altered on the way
+    payload = json.loads(raw)
+    if payload["version"] != 1 or str(payload["timestamp"]) != request.headers["X-Foxhunt-Timestamp"]:
+        reject(400)
+    if abs(time.time() - payload["timestamp"]) > 300:    # the timestamp is signed (it is in the body):
+        reject(401)                                      # an old body replayed later is refused
+    for n in payload["notifications"]: ...               # retries re-deliver: de-duplicate on
+                                                         # (fingerprint, status, starts_at)
+
+**Lake** (table ``alerts``, partition ``day`` of the transition time: ``starts_at`` when firing,
+``ends_at`` when resolved): one row per transition, ``sent_to`` the sinks that accepted it before the lake
+(``deliver_all`` passes them). A partition is one file, so the sink reads the day's partition, adds the
+rows, de-duplicates on (fingerprint, status, starts_at) (a retried delivery adds no row; it widens
+``sent_to``) and writes the partition back atomically. Writers on one machine take a file lock per lake
+root; writers on several machines sharing one lake could lose a row to each other (last write wins).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+
+import pyarrow as pa
+import requests
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry import ConnectionErrorRetryHandler
+
+from foxhunt_obs.lib.delivery.send import SLACK_RETRIES, _CappedRateLimitRetry, _failure, _scrub
+from foxhunt_obs.lib.lake import Lake, LakeError
+from foxhunt_obs.lib.schemas import ALERTS
+from foxhunt_obs.lib.settings import env
+
+log = logging.getLogger(__name__)
+
+FIRING = "firing"
+RESOLVED = "resolved"
+TIMEOUT = (3.05, 10.0)  # seconds: connect, read (one HTTP request)
+RETRIES = 2  # extra attempts after a connection error, a timeout or a 5xx
+BACKOFF_S = 0.5  # before retry n: BACKOFF_S * 2**(n-1)
+FIRING_TTL = timedelta(hours=24)  # a firing alert's endsAt in Alertmanager: now + this
+SLACK_TIMEOUT_S = 10
+WEBHOOK_VERSION = 1
+USER_AGENT = "foxhunt-obs alert sink"
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One alert transition, as the sensors hand it over."""
+
+    rule: str
+    fingerprint: str
+    status: str  # "firing" | "resolved"
+    severity: str
+    labels: dict[str, str]
+    summary: str
+    description: str
+    value: float
+    starts_at: datetime
+    ends_at: datetime | None  # set when resolved
+    generator_url: str  # a link into the Dagster UI
+
+
+class AlertSinkError(RuntimeError):
+    """A sink did not accept the notifications. The message names the sink and its target (URL without
+    credentials or query, or the channel) and never holds a secret."""
+
+    def __init__(self, sink: str, target: str, message: str):
+        self.sink = sink
+        self.target = target
+        super().__init__(f"{sink} {target}: {message}")
+
+
+# -- helpers -------------------------------------------------------------------------------------------------
+def _utc(t: datetime) -> datetime:
+    """Aware UTC (a naive datetime is taken as UTC, as everywhere in foxhunt_obs)."""
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+
+
+def _iso(t: datetime) -> str:
+    return _utc(t).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _ms(t: datetime) -> int:
+    return (_utc(t) - _EPOCH) // timedelta(milliseconds=1)
+
+
+def _check(notifications: Sequence[Notification]) -> None:
+    for n in notifications:
+        if n.status not in (FIRING, RESOLVED):
+            raise ValueError(
+                f"alert {n.rule} {n.fingerprint}: status must be firing or resolved, got {n.status!r}"
+            )
+
+
+def _ends(n: Notification, now: datetime) -> datetime:
+    """A resolved notification's end, never before its start (a missing ends_at: now)."""
+    return max(_utc(n.ends_at or now), _utc(n.starts_at))
+
+
+def transition_time(n: Notification, now: datetime | None = None) -> datetime:
+    """When the transition happened: the start of a firing alert, the end of a resolved one."""
+    return _utc(n.starts_at) if n.status == FIRING else _ends(n, now or datetime.now(timezone.utc))
+
+
+def display_url(url: str) -> str:
+    """The URL as errors and logs show it: no user:password@, no query or fragment (they may hold tokens)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{host}:{port}" if port else host
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _http_url(sink: str, url: str, what: str = "the URL") -> str:
+    url = url.strip()
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AlertSinkError(sink, display_url(url) or "(none)", f"{what} must be an http(s) URL")
+    return url
+
+
+def _url_secrets(url: str) -> tuple[str, ...]:
+    """What of a URL must not be shown: the password of user:password@, the query (it may hold a token)."""
+    parts = urllib.parse.urlsplit(url)
+    return tuple(s for s in (parts.password and urllib.parse.unquote(parts.password), parts.query) if s)
+
+
+def notification_dict(n: Notification, now: datetime | None = None) -> dict:
+    """A notification as JSON-ready values (ISO 8601 UTC times; a non-finite value as null; a resolved
+    one's ends_at never before its starts_at, ``now`` when missing)."""
+    value = float(n.value) if n.value is not None else None
+    return {
+        "rule": n.rule,
+        "fingerprint": n.fingerprint,
+        "status": n.status,
+        "severity": n.severity,
+        "labels": {str(k): str(v) for k, v in sorted(n.labels.items())},
+        "summary": n.summary,
+        "description": n.description,
+        "value": value if value is not None and math.isfinite(value) else None,
+        "starts_at": _iso(n.starts_at),
+        "ends_at": _iso(_ends(n, now or datetime.now(timezone.utc))) if n.status == RESOLVED else None,
+        "generator_url": n.generator_url,
+    }
+
+
+def _post(
+    sink: str,
+    target: str,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    secrets: Sequence[str] = (),
+    timeout=TIMEOUT,
+    retries: int = RETRIES,
+) -> requests.Response:
+    """POST with bounded retries (connection errors, timeouts, 5xx); a 4xx or 3xx at once. Raises
+    AlertSinkError with the server's own message (scrubbed of ``secrets``), cause chain cut."""
+    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **headers}
+    problem = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(BACKOFF_S * 2 ** (attempt - 1))
+        try:
+            r = requests.post(url, data=body, headers=headers, timeout=timeout, allow_redirects=False)
+        except requests.RequestException as exc:
+            problem = _failure(exc, *secrets)
+            continue
+        text = _scrub(r.text.strip(), *secrets)[:500]
+        if r.status_code < 300:
+            return r
+        if r.status_code >= 500:
+            problem = f"HTTP {r.status_code} {r.reason or ''}: {text}".rstrip(": ")
+            continue
+        if r.status_code >= 400:
+            message = f"HTTP {r.status_code} {r.reason or ''}: {text}".rstrip(": ")
+        else:
+            message = f"HTTP {r.status_code} redirect (to {display_url(r.headers.get('Location', ''))})"
+        raise AlertSinkError(sink, target, message) from None
+    raise AlertSinkError(sink, target, f"{problem} (after {retries + 1} attempts)") from None
+
+
+# -- Alertmanager --------------------------------------------------------------------------------------------
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def label_name(name: str) -> str:
+    """A valid Prometheus label name (Alertmanager 0.25 refuses others with a 400): other characters
+    become ``_``, a leading digit gets a ``_`` before it."""
+    name = str(name)
+    if _LABEL_NAME.match(name):
+        return name
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", name) or "_"
+    return f"_{name}" if name[0].isdigit() else name
+
+
+class AlertmanagerSink:
+    """``POST {url}/api/v2/alerts`` (a path prefix in ``url`` is kept; ``user:password@`` is sent as HTTP
+    basic auth and never shown)."""
+
+    name = "alertmanager"
+
+    def __init__(self, url: str, firing_ttl: timedelta = FIRING_TTL, timeout=TIMEOUT, retries: int = RETRIES):
+        self.url = _http_url(self.name, url).rstrip("/")
+        self.target = display_url(self.url)
+        self.firing_ttl = firing_ttl
+        self.timeout = timeout
+        self.retries = retries
+        self._secrets = _url_secrets(self.url)  # user:password@ is sent as HTTP basic auth
+
+    def __repr__(self) -> str:
+        return f"AlertmanagerSink({self.target!r})"
+
+    def alert(self, n: Notification, now: datetime | None = None) -> dict:
+        """One postable alert of the v2 API."""
+        now = now or datetime.now(timezone.utc)
+        labels = {label_name(k): str(v) for k, v in n.labels.items()}
+        labels.update(alertname=n.rule, severity=n.severity, foxhunt_fingerprint=n.fingerprint)
+        value = float(n.value) if n.value is not None else math.nan
+        alert = {
+            "labels": labels,
+            "annotations": {"summary": n.summary, "description": n.description, "value": f"{value:g}"},
+            "startsAt": _iso(n.starts_at),
+        }
+        if n.status == RESOLVED:
+            alert["endsAt"] = _iso(_ends(n, now))
+        else:
+            alert["endsAt"] = _iso(max(now, _utc(n.starts_at)) + self.firing_ttl)
+        if re.match(r"https?://", n.generator_url or ""):
+            alert["generatorURL"] = n.generator_url
+        return alert
+
+    def send(self, notifications: Sequence[Notification]) -> None:
+        _check(notifications)
+        if not notifications:
+            return
+        now = datetime.now(timezone.utc)
+        body = json.dumps([self.alert(n, now) for n in notifications]).encode()
+        _post(
+            self.name,
+            self.target,
+            f"{self.url}/api/v2/alerts",
+            body,
+            {},
+            self._secrets,
+            self.timeout,
+            self.retries,
+        )
+        log.info("alerts: %d notification(s) to alertmanager %s", len(notifications), self.target)
+
+
+# -- Slack ---------------------------------------------------------------------------------------------------
+def _mrkdwn(text: str) -> str:
+    """Slack's three control characters escaped (the text can hold no link or mention then)."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _duration(seconds: float) -> str:
+    minutes = max(int(seconds // 60), 0)
+    days, rest = divmod(minutes, 24 * 60)
+    hours, mins = divmod(rest, 60)
+    parts = (
+        [f"{days} d"] * bool(days)
+        + [f"{hours} h"] * bool(hours)
+        + [f"{mins} min"] * bool(mins or not (days or hours))
+    )
+    return " ".join(parts)
+
+
+def slack_alert_text(n: Notification, now: datetime | None = None) -> str:
+    """The message for one notification, in Slack mrkdwn."""
+    now = now or datetime.now(timezone.utc)
+    start = _utc(n.starts_at)
+    if n.status == FIRING:
+        head = f"🔥 *{_mrkdwn(n.severity.upper())}* `{_mrkdwn(n.rule)}` — {_mrkdwn(n.summary)}"
+        when = f"firing since {start:%Y-%m-%d %H:%M} UTC"
+    else:
+        end = _ends(n, now)
+        head = f"✅ *RESOLVED* `{_mrkdwn(n.rule)}` — {_mrkdwn(n.summary)}"
+        when = f"fired {start:%Y-%m-%d %H:%M}–{end:%H:%M} UTC ({_duration((end - start).total_seconds())})"
+    lines = [head]
+    if n.status == FIRING and n.description:
+        lines.append(_mrkdwn(n.description))
+    labels = " ".join(f"`{_mrkdwn(k)}={_mrkdwn(v)}`" for k, v in sorted(n.labels.items()))
+    value = float(n.value) if n.value is not None else math.nan
+    lines.append(" · ".join(x for x in (labels, f"value {value:g}", when) if x))
+    if re.match(r"https?://", n.generator_url or ""):
+        safe = (
+            n.generator_url.replace("&", "&amp;").replace("<", "%3C").replace(">", "%3E").replace("|", "%7C")
+        )
+        lines.append(f"<{safe}|Open in Dagster>")
+    return "\n".join(lines)
+
+
+class SlackAlertSink:
+    """One ``chat.postMessage`` per notification into ``channel`` (``#name`` or id)."""
+
+    name = "slack"
+
+    def __init__(self, channel: str, token: str, api_url: str = "https://slack.com/api/"):
+        self.channel = channel.strip()
+        self.target = self.channel
+        self.api_url = api_url
+        if not token.strip():
+            raise AlertSinkError(self.name, self.channel, "SLACK_BOT_TOKEN is empty")
+        self._token = token.strip()
+
+    def __repr__(self) -> str:
+        return f"SlackAlertSink({self.channel!r}, api_url={self.api_url!r})"
+
+    def _client(self) -> WebClient:
+        return WebClient(
+            token=self._token,
+            base_url=self.api_url,
+            timeout=SLACK_TIMEOUT_S,
+            retry_handlers=[
+                ConnectionErrorRetryHandler(max_retry_count=SLACK_RETRIES),
+                _CappedRateLimitRetry(max_retry_count=SLACK_RETRIES),
+            ],
+        )
+
+    def send(self, notifications: Sequence[Notification]) -> None:
+        _check(notifications)
+        if not notifications:
+            return
+        client = self._client()
+        now = datetime.now(timezone.utc)
+        posted = 0
+        for n in notifications:
+            try:
+                client.chat_postMessage(
+                    channel=self.channel,
+                    text=slack_alert_text(n, now),
+                    unfurl_links=False,
+                    unfurl_media=False,
+                )
+            except SlackApiError as exc:
+                error = str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
+                hint = ""
+                if error in ("channel_not_found", "not_in_channel"):
+                    hint = " (check the channel name and invite the bot to the channel)"
+                elif error in ("invalid_auth", "not_authed", "token_revoked", "account_inactive"):
+                    hint = " (check SLACK_BOT_TOKEN)"
+                message = f"chat.postMessage (via {self.api_url}) failed: {_scrub(error, self._token)}{hint}"
+                raise AlertSinkError(
+                    self.name, self.channel, message + self._progress(posted, notifications)
+                ) from None
+            except Exception as exc:  # connection errors, timeouts, a bad answer
+                message = f"chat.postMessage (via {self.api_url}) failed: {_failure(exc, self._token)}"
+                raise AlertSinkError(
+                    self.name, self.channel, message + self._progress(posted, notifications)
+                ) from None
+            posted += 1
+        log.info("alerts: %d notification(s) to slack %s", posted, self.channel)
+
+    @staticmethod
+    def _progress(posted: int, notifications: Sequence[Notification]) -> str:
+        return f" (posted {posted} of {len(notifications)} before it)" if posted else ""
+
+
+# -- generic webhook -----------------------------------------------------------------------------------------
+def sign(secret: str, body: bytes) -> str:
+    """``sha256=<hex HMAC-SHA256 of body keyed with secret>``: the X-Foxhunt-Signature header."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+class WebhookSink:
+    """``POST`` of the signed JSON body described in the module docstring."""
+
+    name = "webhook"
+
+    def __init__(self, url: str, secret: str, timeout=TIMEOUT, retries: int = RETRIES):
+        self.url = _http_url(self.name, url)
+        self.target = display_url(self.url)
+        if not secret:
+            raise AlertSinkError(
+                self.name, self.target, "FOXHUNT_ALERT_WEBHOOK_SECRET is empty: set the signing secret"
+            )
+        self._secret = secret
+        self.timeout = timeout
+        self.retries = retries
+
+    def __repr__(self) -> str:
+        return f"WebhookSink({self.target!r})"
+
+    def body(self, notifications: Sequence[Notification], timestamp: int) -> bytes:
+        now = datetime.fromtimestamp(timestamp, timezone.utc)
+        payload = {
+            "version": WEBHOOK_VERSION,
+            "timestamp": timestamp,
+            "notifications": [notification_dict(n, now) for n in notifications],
+        }
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+    def send(self, notifications: Sequence[Notification]) -> None:
+        _check(notifications)
+        if not notifications:
+            return
+        timestamp = int(time.time())  # once: a retry sends the same bytes, the same signature
+        body = self.body(notifications, timestamp)
+        headers = {"X-Foxhunt-Timestamp": str(timestamp), "X-Foxhunt-Signature": sign(self._secret, body)}
+        secrets = (self._secret, *_url_secrets(self.url))
+        _post(self.name, self.target, self.url, body, headers, secrets, self.timeout, self.retries)
+        log.info("alerts: %d notification(s) to webhook %s", len(notifications), self.target)
+
+
+# -- the alerts table ----------------------------------------------------------------------------------------
+@contextmanager
+def _lake_lock(lake: Lake):
+    """One writer of the alerts table per lake root on this machine (threads and processes)."""
+    key = hashlib.sha1(lake.root.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"foxhunt-alerts-{key}.lock")
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _merge_sent_to(a: str, b: str) -> str:
+    names = [x for x in (a or "").split(",") + (b or "").split(",") if x]
+    return ",".join(dict.fromkeys(names))
+
+
+class LakeAlertSink:
+    """Appends every transition to the ``alerts`` table (see the module docstring)."""
+
+    name = "lake"
+
+    def __init__(self, lake: Lake):
+        self.lake = lake
+        self.target = lake.root if not lake.is_s3 else display_url(lake.root)
+
+    def __repr__(self) -> str:
+        return f"LakeAlertSink({self.lake!r})"
+
+    def rows(
+        self, notifications: Sequence[Notification], sent_to: Sequence[str] = (), now=None
+    ) -> list[dict]:
+        now = now or datetime.now(timezone.utc)
+        out = []
+        for n in notifications:
+            ts = transition_time(n, now)
+            out.append(
+                {
+                    "day": ts.date(),
+                    "ts": ts,
+                    "rule": n.rule,
+                    "fingerprint": n.fingerprint,
+                    "severity": n.severity,
+                    "status": n.status,
+                    "labels": json.dumps({str(k): str(v) for k, v in n.labels.items()}, sort_keys=True),
+                    "summary": n.summary,
+                    "value": float(n.value) if n.value is not None else None,
+                    "starts_at": _utc(n.starts_at),
+                    "ends_at": _ends(n, now) if n.status == RESOLVED else None,
+                    "sent_to": ",".join(dict.fromkeys(s for s in sent_to if s)),
+                }
+            )
+        return out
+
+    def send(self, notifications: Sequence[Notification], sent_to: Sequence[str] = ()) -> None:
+        """``sent_to``: the sinks that accepted these notifications (deliver_all passes them)."""
+        _check(notifications)
+        by_day: dict[date, list[dict]] = {}
+        for row in self.rows(notifications, sent_to):
+            by_day.setdefault(row["day"], []).append(row)
+        written = 0
+        try:
+            with _lake_lock(self.lake):
+                for day, rows in sorted(by_day.items()):
+                    written += self._append(day, rows)
+        except LakeError as exc:
+            raise AlertSinkError(self.name, self.target, str(exc)) from None
+        log.info("alerts: %d transition(s) to the lake's alerts table (%d new)", len(notifications), written)
+
+    def _append(self, day: date, rows: list[dict]) -> int:
+        """Add ``rows`` to the day's partition (read, merge, de-duplicate, write); returns rows added."""
+        value = day.isoformat()
+        old = self.lake.read_partition(ALERTS, value)
+        merged: dict[tuple, dict] = {}
+        for row in old.to_pylist() if old is not None else []:
+            merged.setdefault((row["fingerprint"], row["status"], _ms(row["starts_at"])), row)
+        added = changed = 0
+        for row in rows:
+            key = (row["fingerprint"], row["status"], _ms(row["starts_at"]))
+            if key not in merged:
+                merged[key] = dict(row)
+                added += 1
+                continue
+            widened = _merge_sent_to(merged[key]["sent_to"], row["sent_to"])
+            if widened != merged[key]["sent_to"]:
+                merged[key]["sent_to"] = widened
+                changed += 1
+        if old is not None and not added and not changed and len(merged) == old.num_rows:
+            return 0  # nothing new: leave the file alone
+        ordered = sorted(merged.values(), key=lambda r: (_ms(r["ts"]), r["fingerprint"], r["status"]))
+        self.lake.write_partition(ALERTS, value, pa.Table.from_pylist(ordered, schema=ALERTS.schema))
+        return added
+
+
+# -- configuration and the one entry point -------------------------------------------------------------------
+def dagster_link(path: str = "") -> str:
+    """``FOXHUNT_DAGSTER_URL`` joined with a UI path (``/assets/gpu_hourly``): the alerts' generator URL."""
+    base = env("FOXHUNT_DAGSTER_URL").strip().rstrip("/")
+    return f"{base}/{path.lstrip('/')}" if path else base
+
+
+def sinks_from_env(lake: Lake) -> list:
+    """The configured sinks, in delivery order: Alertmanager, Slack, webhook, then the lake (always).
+    Raises AlertSinkError for a half-configured sink (Slack channel without token, webhook without
+    secret, a URL that is not http(s)) before anything is sent."""
+    sinks: list = []
+    url = env("FOXHUNT_ALERTMANAGER_URL").strip()
+    if url:
+        sinks.append(AlertmanagerSink(_http_url("alertmanager", url, "FOXHUNT_ALERTMANAGER_URL")))
+    channel = env("FOXHUNT_ALERT_SLACK_CHANNEL").strip()
+    if channel:
+        sinks.append(
+            SlackAlertSink(channel, env("SLACK_BOT_TOKEN"), env("FOXHUNT_REPORT_SLACK_API_URL").strip())
+        )
+    url = env("FOXHUNT_ALERT_WEBHOOK_URL").strip()
+    if url:
+        url = _http_url("webhook", url, "FOXHUNT_ALERT_WEBHOOK_URL")
+        sinks.append(WebhookSink(url, env("FOXHUNT_ALERT_WEBHOOK_SECRET")))
+    sinks.append(LakeAlertSink(lake))
+    return sinks
+
+
+def deliver_all(sinks: Sequence, notifications: Sequence[Notification]) -> dict[str, str | None]:
+    """Send to every sink in order, whatever the others did; returns sink name -> None (accepted) or the
+    error text. The lake sink records which sinks before it accepted (``sent_to``)."""
+    results: dict[str, str | None] = {}
+    accepted: list[str] = []
+    for sink in sinks:
+        try:
+            if isinstance(sink, LakeAlertSink):
+                sink.send(notifications, sent_to=accepted)
+            else:
+                sink.send(notifications)
+        except AlertSinkError as exc:
+            results[sink.name] = str(exc)
+        except Exception as exc:  # a bug in one sink must not keep the others from their notifications
+            results[sink.name] = f"{sink.name} {getattr(sink, 'target', '')}: {type(exc).__name__}: {exc}"
+        else:
+            results[sink.name] = None
+            accepted.append(sink.name)
+        if results[sink.name] is not None:
+            log.warning("alerts: %s", results[sink.name])
+    return results
+
+
+__all__ = [
+    "FIRING",
+    "RESOLVED",
+    "AlertSinkError",
+    "AlertmanagerSink",
+    "LakeAlertSink",
+    "Notification",
+    "SlackAlertSink",
+    "WebhookSink",
+    "dagster_link",
+    "deliver_all",
+    "notification_dict",
+    "sign",
+    "sinks_from_env",
+    "slack_alert_text",
+    "transition_time",
+]
