@@ -352,6 +352,53 @@ def weekly_summary(week: str) -> str:
     )
 
 
+def alerts_replay(info: dict, state_dir: Path, start: datetime, end: datetime, every_s: int = 600) -> str:
+    """The alert sensor's code replayed over [start, end) as if it had ticked every `every_s` seconds,
+    notifying a local Alertmanager and the alerts table; what arrived, in order."""
+    from foxhunt_obs.lib.alerts.catalog import load_rules
+    from foxhunt_obs.lib.alerts.collect import Sources
+    from foxhunt_obs.lib.alerts.engine import replay
+    from foxhunt_obs.lib.delivery.alert_sinks import AlertmanagerSink, LakeAlertSink
+    from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.settings import Settings, csv_setting, env
+    from foxhunt_obs.lib.sources.aws import AwsConfig
+    from foxhunt_obs.lib.sources.fsx import FsxSource
+    from foxhunt_obs.lib.sources.mlflow import MlflowSource
+    from foxhunt_obs.lib.sources.prometheus import PrometheusClient
+    from foxhunt_obs.sandbox.alertmanager import AlertmanagerServer
+
+    aws = AwsConfig(region_name=env("AWS_REGION"))
+    lake = Lake(env("FOXHUNT_LAKE"))
+    sources = Sources(
+        prometheus=PrometheusClient.from_settings(Settings.from_env()),
+        mlflow=MlflowSource(env("MLFLOW_TRACKING_URI")),
+        fsx=FsxSource(aws.client("fsx"), aws.client("cloudwatch")),
+        fsx_ids=csv_setting("FOXHUNT_FSX_IDS") or None,
+        lake=lake,
+    )
+    with AlertmanagerServer(workdir=Path(state_dir) / "run") as alertmanager:
+        sent, _ = replay(
+            load_rules(),
+            sources,
+            [AlertmanagerSink(alertmanager.url), LakeAlertSink(lake)],
+            start,
+            end,
+            every_s,
+        )
+        active = alertmanager.alerts(active=True)
+    lines = [
+        f"Alerts, {start:%Y-%m-%d %H:%M} .. {end:%H:%M} UTC: the alert sensor's code replayed every "
+        f"{every_s // 60} min into Alertmanager {alertmanager.url} and the alerts table"
+    ]
+    lines += [f"  {tick:%H:%M}  {n.status:<8} {n.severity:<8} {n.rule:<20} {n.summary}" for tick, n in sent]
+    lines.append(
+        f"  Alertmanager at the end: {len(active)} active ("
+        + (", ".join(sorted(a["labels"]["alertname"] for a in active)) or "none")
+        + ")"
+    )
+    return "\n".join(lines)
+
+
 def _demo(args) -> int:
     from foxhunt_obs.sandbox import prometheus as sandbox
 
@@ -397,6 +444,8 @@ def _demo(args) -> int:
         if week + timedelta(days=7) <= end:
             print()
             print(weekly_summary(week.strftime("%Y-%m-%d")))
+        print()
+        print(alerts_replay(info, args.state_dir, day_start, end))
     finally:
         if not args.keep:
             sandbox.down(args.state_dir)

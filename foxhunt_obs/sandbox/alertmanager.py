@@ -64,7 +64,7 @@ class AlertmanagerServer:
         extra_args: tuple[str, ...] = (),
     ):
         self.port = port
-        self.workdir = Path(workdir) if workdir else None
+        self.workdir = Path(workdir).resolve() if workdir else None  # the process runs elsewhere
         self.group_wait = group_wait
         self.resolve_timeout = resolve_timeout
         self.extra_args = tuple(extra_args)

@@ -254,10 +254,15 @@ CASES: dict[str, list[dict]] = {
                 util(3, "ip-1", "trainer-2", "0x70"),  # stalled: the stall rule's, not this one's
                 util(4, "ip-1", "trainer-3", "60x70"),  # 60 % and 100 %: mean 80 %
                 util(5, "ip-1", "trainer-3", "100x70"),
-                util(6, "ip-1", "trainer-4", "40x30 90x40"),  # low for 30 minutes only
+                util(
+                    6, "ip-1", "trainer-4", "95x30 40x10 95x30"
+                ),  # a 10-minute dip: the hour's mean stays > 70 %
             ],
             "alert_rule_test": [
-                quiet("gpu_underutilized", "59m"),
+                quiet(
+                    "gpu_underutilized", "14m"
+                ),  # the hour's mean is low from the start: 15 minutes to fire
+                fires("gpu_underutilized", "16m", {"namespace": "rl", "pod": "trainer-0"}, 0.4),
                 fires("gpu_underutilized", "61m", {"namespace": "rl", "pod": "trainer-0"}, 0.4),
             ],
         },

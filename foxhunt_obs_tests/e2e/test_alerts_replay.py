@@ -35,7 +35,10 @@ def at(hhmm: str) -> datetime:
 EXPECTED = [
     ("ecc_errors", "ip-10-0-1-11/0", "01:30", "01:40", "01:40", "01:50"),  # 5 SBE 01:30-01:34
     ("entropy_collapse", "dqn-atari-f0", "01:30", "01:45", "02:30", "02:35"),  # from 01:30; run FAILED 02:30
-    ("gpu_underutilized", "dqn-atari-learner-0", "01:15", "01:25", "02:45", "03:00"),  # ~45 % util for 2.5 h
+    # the hour's mean below 70 % for 15 minutes; the pods run at ~45 %, ~55 %; the stall drags one down
+    ("gpu_underutilized", "dqn-atari-learner-0", "00:30", "00:40", "02:45", "03:00"),
+    ("gpu_underutilized", "ppo-humanoid-trainer-0", "02:30", "03:05", "03:15", "03:40"),
+    ("gpu_underutilized", "dqn-atari-learner-1", "05:15", "05:25", None, None),  # firing at the end
     ("ecc_errors", "ip-10-0-1-12/0", "02:10", "02:20", "02:15", "02:25"),  # one DBE at 02:10
     ("nan_loss", "dqn-atari-f0", "02:15", "02:20", "02:30", "02:35"),  # NaN from 02:15; run ends 02:30
     ("fsx_low_space", "foxhunt-scratch", "02:19", "02:25", "04:00", "04:05"),  # < 500 GB 02:09-04:00, for 10m
@@ -107,8 +110,12 @@ def test_every_incident_fires_once_and_resolves_once(replayed):
     got = {}
     for tick, n in sent:
         got.setdefault((n.rule, ident(n)), []).append((n.status, tick))
-    assert set(got) == {(r, i) for r, i, *_ in EXPECTED}, "clean spans must raise nothing"
+    assert set(got) == {(r, i) for r, i, *_ in EXPECTED}, f"clean spans must raise nothing: {got}"
     for rule, who, f0, f1, r0, r1 in EXPECTED:
+        if r0 is None:  # still firing when the scenario ends
+            ((firing, fired_at),) = got[(rule, who)]
+            assert firing == "firing" and at(f0) <= fired_at <= at(f1), (rule, who, got[(rule, who)])
+            continue
         (firing, fired_at), (resolved, resolved_at) = got[(rule, who)]
         assert (firing, resolved) == ("firing", "resolved"), (rule, who, got[(rule, who)])
         assert at(f0) <= fired_at <= at(f1), (rule, who, fired_at)
@@ -131,7 +138,10 @@ def test_alertmanager_saw_them(replayed):
     # at 02:40 (before that tick): the ECC on node 2 resolved, the stall and FSx firing, the NaN resolved
     assert {"gpu_training_stall", "fsx_low_space"} <= active_at_0240
     assert "nan_loss" not in active_at_0240 and "ecc_errors" not in active_at_0240
-    assert active_at_end == []  # every alert resolved by the end of the scenario
+    # every alert resolved by the end of the scenario but the last pod's low utilization
+    assert [(a["labels"]["alertname"], a["labels"]["pod"]) for a in active_at_end] == [
+        ("gpu_underutilized", "dqn-atari-learner-1")
+    ]
 
 
 def test_the_alerts_table_matches(replayed):
@@ -139,7 +149,7 @@ def test_the_alerts_table_matches(replayed):
     rows = lake.query(
         "SELECT rule, status, fingerprint, sent_to FROM alerts ORDER BY ts, rule, status", tables=[ALERTS]
     ).to_pylist()
-    assert len(rows) == len(sent) == 2 * len(EXPECTED)
+    assert len(rows) == len(sent) == 2 * len(EXPECTED) - sum(1 for e in EXPECTED if e[4] is None)
     assert sorted((r["rule"], r["status"], r["fingerprint"]) for r in rows) == sorted(
         (n.rule, n.status, n.fingerprint) for _, n in sent
     )
