@@ -58,6 +58,7 @@ bench: install
 	$(PY) bench/exporter.py
 	$(PY) bench/mlflow_ingest.py
 	$(PY) bench/report.py
+	$(PY) bench/sensors.py
 
 lint: install
 	.venv/bin/ruff check .
