@@ -106,6 +106,9 @@ def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None
     for block in out.iterdir():
         block.rename(tsdb / block.name)
     shutil.rmtree(out)
+    for leftover in ("wal", "chunks_head", "queries.active", "lock"):  # the temporary server's own state
+        path = tsdb / leftover
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def copy_tsdb(src: Path, dst: Path) -> Path:

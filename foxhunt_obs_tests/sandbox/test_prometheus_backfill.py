@@ -16,8 +16,17 @@ import pytest
 
 from foxhunt_obs.sandbox import bills, prometheus, truth
 from foxhunt_obs.sandbox.cache import COMPLETE
-from foxhunt_obs.sandbox.prometheus import PrometheusServer, SandboxError, build_tsdb, copy_tsdb
+from foxhunt_obs.sandbox.prometheus import (
+    RECORDING_RULES,
+    PrometheusServer,
+    SandboxError,
+    build_tsdb,
+    copy_tsdb,
+    tsdb_path,
+)
 from foxhunt_obs.sandbox.scenario import load_scenario
+
+RECORDING_RULE_COUNT = RECORDING_RULES.read_text().count("- record:")
 
 pytestmark = pytest.mark.skipif(
     not (os.path.exists(prometheus.PROMETHEUS) and os.path.exists(prometheus.PROMTOOL)),
@@ -59,8 +68,14 @@ def instant(url: str, query: str, at: datetime) -> list[dict]:
 
 def test_cache_is_complete_and_reused(cache, small):
     root, tsdb = cache
-    assert tsdb == root / f"small-{small.fingerprint()[:12]}" / "tsdb"
-    assert (tsdb.parent / COMPLETE).exists() and len(list(tsdb.iterdir())) == 3  # one block per 2 h
+    assert tsdb == tsdb_path(small, root) and tsdb.parent.name.startswith(
+        f"small-{small.fingerprint()[:12]}-r"
+    )
+    # blocks only: one per 2 h of samples, plus the recording rules' (one per rule per 2 h); no WAL left
+    entries = list(tsdb.iterdir())
+    assert all((p / "meta.json").exists() for p in entries)
+    assert 3 < len(entries) <= 3 * (1 + RECORDING_RULE_COUNT)  # rules without input data write nothing
+    assert (tsdb.parent / COMPLETE).exists()
     assert [p.name for p in root.iterdir()] == [tsdb.parent.name]  # no temp dir left behind
     t = time.monotonic()
     assert build_tsdb(small, root) == tsdb and time.monotonic() - t < 0.5
