@@ -46,7 +46,7 @@ def test_registry_covers_the_rules_without_promql_and_fits_the_caller():
     assert set(EVALUATORS) == {r.id for r in RULES.values() if r.promql is None}
     # collect.py passes `now` to an evaluator with three parameters, else (rule, frame)
     arity = {rid: len(inspect.signature(fn).parameters) for rid, fn in EVALUATORS.items()}
-    assert arity == {rid: 3 if rid == "fsx_low_space" else 2 for rid in EVALUATORS}
+    assert arity == {rid: 3 if rid in ("fsx_low_space", "training_run_silent") else 2 for rid in EVALUATORS}
 
 
 # -- mlflow ------------------------------------------------------------------------------------------
@@ -301,3 +301,46 @@ def test_from_vector():
     # gpu_node_missing: `absent(...) * 0` is one series without labels
     (none,) = from_vector(RULES["gpu_node_missing"], [{"metric": {}, "value": [0, "0"]}], now)
     assert none.labels == {} and none.value == 0.0
+
+
+def test_training_run_silent():
+    from datetime import datetime, timedelta, timezone
+
+    import pandas as pd
+
+    from foxhunt_obs.lib.alerts.catalog import load_rules
+    from foxhunt_obs.lib.alerts.evaluate import training_run_silent
+
+    rule = next(r for r in load_rules(overrides="") if r.id == "training_run_silent")
+    t0 = datetime(2026, 11, 16, tzinfo=timezone.utc)
+    rows = [
+        {
+            "run_id": "a",
+            "run_name": "quiet",
+            "experiment": "e",
+            "key": "success_rate",
+            "step": i,
+            "ts": t0 + timedelta(minutes=5 * i),
+            "value": 0.5,
+        }
+        for i in range(4)  # last point 00:15
+    ] + [
+        {
+            "run_id": "b",
+            "run_name": "busy",
+            "experiment": "e",
+            "key": "actor/loss",
+            "step": i,
+            "ts": t0 + timedelta(minutes=5 * i),
+            "value": 0.1,
+        }
+        for i in range(10)  # last point 00:45
+    ]
+    frame = pd.DataFrame(rows)
+    assert training_run_silent(rule, frame, t0 + timedelta(minutes=45)) == []  # 30 min exactly: not yet
+    (f,) = training_run_silent(rule, frame, t0 + timedelta(minutes=50))
+    assert f.labels["run_name"] == "quiet" and f.value == 35 and f.at == t0 + timedelta(minutes=45)
+    assert rule.render(rule.summary, {**f.labels, **f.extra}, f.value) == (
+        "quiet (e) is RUNNING but logged nothing for 35 minutes"
+    )
+    assert training_run_silent(rule, frame.iloc[0:0], t0) == []

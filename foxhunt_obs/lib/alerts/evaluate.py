@@ -143,6 +143,29 @@ def nan_loss(rule: Rule, metrics: pd.DataFrame) -> list[Finding]:
     return out
 
 
+def training_run_silent(rule: Rule, metrics: pd.DataFrame, now: datetime) -> list[Finding]:
+    """A finding per running run whose newest point of any key is older than silent_minutes: the trainer
+    hangs or died without ending its run (seed 000: training stall → MLflow heartbeat). at: the newest
+    point + the limit, when the silence became an alert; value: minutes silent."""
+    if _empty(metrics, "run_id", "ts"):
+        return []
+    limit = timedelta(minutes=rule.thresholds["silent_minutes"])
+    out = []
+    for run_id, g in metrics.groupby("run_id", sort=True):
+        last_ts = utc(g["ts"].max())
+        if now - last_ts <= limit:
+            continue
+        last = g.sort_values("ts", kind="stable").iloc[-1]
+        labels = {
+            "run_id": _label(run_id),
+            "run_name": _label(last.get("run_name")),
+            "experiment": _label(last.get("experiment")),
+        }
+        minutes = (now - last_ts).total_seconds() / 60
+        out.append(Finding(rule.id, labels, minutes, last_ts + limit, {"last_metric": last_ts.isoformat()}))
+    return out
+
+
 def _windowed(rule: Rule, metrics: pd.DataFrame, key: str, test: Callable) -> list[Finding]:
     out = []
     for labels, g in _run_series(metrics, key):
@@ -360,6 +383,7 @@ def from_vector(rule: Rule, result: Any, now: datetime) -> list[Finding]:
 
 EVALUATORS: dict[str, Callable[..., list[Finding]]] = {
     "nan_loss": nan_loss,
+    "training_run_silent": training_run_silent,
     "success_rate_drop": success_rate_drop,
     "entropy_collapse": entropy_collapse,
     "fsx_low_space": fsx_low_space,
