@@ -22,6 +22,7 @@ class TickReport:
     failed: dict[str, str] = field(default_factory=dict)  # sink -> error: to be sent again next tick
     source_errors: dict[str, str] = field(default_factory=dict)
     note: str = ""  # a cursor that could not be read
+    refreshed: int = 0  # firing alerts re-posted to Alertmanager
 
 
 def notification(rule: Rule, t: alert_state.Transition, dagster_url: str) -> Notification:
@@ -68,7 +69,39 @@ def tick(
         if not report.failed:
             state = alert_state.acknowledge(state, transitions)
             report.sent = notes
+    report.refreshed = _refresh_alertmanager(sinks, state, by_id, report.sent, dagster_url)
     return alert_state.dumps(state), report
+
+
+def _refresh_alertmanager(sinks: list, state, by_id: dict, just_sent: list, dagster_url: str) -> int:
+    """Alertmanager expires a firing alert at its endsAt: like Prometheus, re-post every alert still
+    firing (already notified) each tick. Alertmanager merges them by labels and notifies nobody again;
+    a failed refresh is retried next tick and never holds back the cursor."""
+    sinks = [s for s in sinks if getattr(s, "name", "") == "alertmanager"]
+    sent = {n.fingerprint for n in just_sent}
+    alive = [
+        a
+        for a in alert_state.firing(state)
+        if a.notified == "firing" and a.fingerprint not in sent and a.rule in by_id
+    ]
+    if not sinks or not alive:
+        return 0
+    notes = [
+        notification(
+            by_id[a.rule],
+            alert_state.Transition(
+                "firing", a.fingerprint, a.rule, a.labels, a.value, a.since, None, a.extra
+            ),
+            dagster_url,
+        )
+        for a in alive
+    ]
+    for sink in sinks:
+        try:
+            sink.send(notes)
+        except Exception:  # noqa: BLE001 - a refresh is best effort: the next tick tries again
+            return 0
+    return len(notes)
 
 
 def replay(
