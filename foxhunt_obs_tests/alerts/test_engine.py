@@ -47,3 +47,55 @@ def test_firing_alerts_are_refreshed_every_tick(tmp_path):
         assert report.refreshed == 1 and [a["labels"]["alertname"] for a in am.alerts(active=True)] == [
             "gpu_overheat"
         ]
+
+
+def test_a_sink_that_is_down_gets_it_later_and_the_others_only_once(tmp_path):
+    """Per-sink acknowledgement: while Alertmanager is down the webhook receives the firing once; when
+    Alertmanager is back it gets it on the next tick; then the transition leaves the cursor."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from foxhunt_obs.lib.delivery.alert_sinks import WebhookSink
+    from foxhunt_obs.sandbox.prometheus import free_port
+
+    received = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):  # quiet test server
+            pass
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    rules = load_rules(overrides="")
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    finding = Finding(
+        "gpu_overheat", {"node": "ip-1", "gpu": "3", "uuid": "GPU-3"}, 91.0, now - timedelta(minutes=6), {}
+    )
+    state, _ = alert_state.step(alert_state.loads(None), {"gpu_overheat"}, [finding], now, rules=rules)
+    cursor = alert_state.dumps(state)  # firing, not yet notified
+    port = free_port()
+    sinks = [
+        AlertmanagerSink(f"http://127.0.0.1:{port}"),
+        WebhookSink(f"http://127.0.0.1:{hook.server_port}/hook", "s3cret"),
+    ]
+    try:
+        cursor, report = tick(rules, Sources(), sinks, cursor, now)
+        assert set(report.failed) == {"alertmanager"} and report.sent == [] and len(received) == 1
+        cursor, report = tick(rules, Sources(), sinks, cursor, now + timedelta(minutes=1))
+        assert (
+            set(report.failed) == {"alertmanager"} and len(received) == 1
+        )  # the webhook is not sent it twice
+        with AlertmanagerServer(port=port, workdir=tmp_path) as am:
+            cursor, report = tick(rules, Sources(), sinks, cursor, now + timedelta(minutes=2))
+            assert report.failed == {} and [n.rule for n in report.sent] == ["gpu_overheat"]
+            assert [a["labels"]["alertname"] for a in am.alerts(active=True)] == ["gpu_overheat"]
+            assert len(received) == 1
+            assert json.loads(cursor)["took"] == {}  # every sink took it: nothing pending
+    finally:
+        hook.shutdown()

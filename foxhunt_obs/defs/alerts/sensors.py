@@ -1,6 +1,7 @@
 """Anomaly sensors: every tick evaluates the rule catalog (data/alert_rules.yaml) against the live
 sources and notifies Alertmanager / Slack / a webhook / the alerts table on transitions only. The alert
-state lives in the cursor, which advances only once every sink accepted (lib/alerts/engine.py).
+state lives in the cursor, with which sink took which transition: a sink that is down gets it on a later
+tick, the others never twice (lib/alerts/engine.py).
 
 Both sensors start RUNNING: they only read, and without FOXHUNT_ALERTMANAGER_URL / _SLACK_CHANNEL /
 _WEBHOOK_URL they write nothing but the `alerts` lake table. Turn them off in the UI (Automation).
@@ -68,7 +69,7 @@ def alert_sensor(
             f"alerts: {source} not evaluated this tick (its alerts keep their state): {error}"
         )
     for sink, error in report.failed.items():
-        context.log.error(f"alerts: {sink} refused the notifications, sending again next tick: {error}")
+        context.log.error(f"alerts: {sink} refused the notifications, it gets them again next tick: {error}")
     for n in report.sent:
         context.log.info(f"alert {n.status}: {n.rule} {n.summary}")
     context.update_cursor(cursor)

@@ -1,9 +1,10 @@
-"""One sensor tick: evaluate the catalog, move the alert state, notify the transitions, and keep only
-what the sinks accepted as notified. Plain Python: the Dagster sensor and the scenario replay both
-call `tick`."""
+"""One sensor tick: evaluate the catalog, move the alert state, send each transition to every sink
+until that sink took it, and re-post what still fires to Alertmanager. Plain Python: the Dagster sensor
+and the scenario replay both call `tick`."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from urllib.parse import quote
@@ -11,15 +12,15 @@ from urllib.parse import quote
 from foxhunt_obs.lib.alerts import state as alert_state
 from foxhunt_obs.lib.alerts.catalog import Rule
 from foxhunt_obs.lib.alerts.collect import Sources, collect
-from foxhunt_obs.lib.delivery.alert_sinks import Notification, deliver_all
+from foxhunt_obs.lib.delivery.alert_sinks import LakeAlertSink, Notification, deliver_all
 
 
 @dataclass
 class TickReport:
     evaluated: set[str] = field(default_factory=set)
     findings: int = 0
-    sent: list[Notification] = field(default_factory=list)  # accepted by every sink
-    failed: dict[str, str] = field(default_factory=dict)  # sink -> error: to be sent again next tick
+    sent: list[Notification] = field(default_factory=list)  # now taken by every sink
+    failed: dict[str, str] = field(default_factory=dict)  # sink -> error: it gets them again next tick
     source_errors: dict[str, str] = field(default_factory=dict)
     note: str = ""  # a cursor that could not be read
     refreshed: int = 0  # firing alerts re-posted to Alertmanager
@@ -42,6 +43,23 @@ def notification(rule: Rule, t: alert_state.Transition, dagster_url: str) -> Not
     )
 
 
+def _key(n: Notification) -> str:
+    return f"{n.status}|{n.fingerprint}|{n.starts_at.isoformat()}"
+
+
+def _load(cursor: str | None) -> tuple[str | None, dict[str, list[str]]]:
+    """The engine's cursor: the alert state plus, per transition not yet taken by every sink, the sinks
+    that took it. A bare state cursor (the first version) reads as one with nothing pending."""
+    if cursor:
+        try:
+            doc = json.loads(cursor)
+        except ValueError:
+            return cursor, {}
+        if isinstance(doc, dict) and "state" in doc:
+            return doc["state"], {k: list(v) for k, v in (doc.get("took") or {}).items()}
+    return cursor, {}
+
+
 def tick(
     rules: list[Rule],
     sources: Sources,
@@ -50,9 +68,11 @@ def tick(
     now: datetime,
     dagster_url: str = "http://127.0.0.1:3000",
 ) -> tuple[str, TickReport]:
-    """Returns the new cursor and what happened. Transitions a sink refused stay un-notified in the
-    cursor and are sent again next tick; a transition is acknowledged only when every sink took it."""
-    state = alert_state.loads(cursor)
+    """Returns the new cursor and what happened. Each sink gets each transition until it accepts it,
+    and then never again; a transition leaves the cursor once every sink took it (a sink that is down
+    gets it on a later tick, the others are not sent it twice)."""
+    state_cursor, took = _load(cursor)
+    state = alert_state.loads(state_cursor)
     report = TickReport(note=state.note or "")
     evaluation = collect(rules, sources, now)
     report.evaluated, report.findings, report.source_errors = (
@@ -62,15 +82,38 @@ def tick(
     )
     by_id = {r.id: r for r in rules}
     state, transitions = alert_state.step(state, evaluation.evaluated, evaluation.findings, now, rules=rules)
-    if transitions:
-        notes = [notification(by_id[t.rule], t, dagster_url) for t in transitions]
-        results = deliver_all(sinks, notes)
-        report.failed = {name: err for name, err in results.items() if err}
-        if not report.failed:
-            state = alert_state.acknowledge(state, transitions)
-            report.sent = notes
+    notes = [notification(by_id[t.rule], t, dagster_url) for t in transitions]
+    keys = [_key(n) for n in notes]
+    took = {k: took.get(k, []) for k in keys}  # transitions gone from the state are forgotten
+    names = [sink.name for sink in sinks]
+    for sink in sinks:
+        todo = [n for n, k in zip(notes, keys) if sink.name not in took[k]]
+        if not todo:
+            continue
+        if isinstance(sink, LakeAlertSink):  # the table records where each transition went
+            sent_to = sorted({name for n in todo for name in took[_key(n)]} - {sink.name})
+            error = _send(lambda sink=sink, todo=todo, sent_to=sent_to: sink.send(todo, sent_to=sent_to))
+        else:
+            error = deliver_all([sink], todo)[sink.name]
+        if error:
+            report.failed[sink.name] = error
+            continue
+        for n in todo:
+            took[_key(n)].append(sink.name)
+    done = [t for t, k in zip(transitions, keys) if set(names) <= set(took[k])]
+    state = alert_state.acknowledge(state, done)
+    report.sent = [n for n, k in zip(notes, keys) if set(names) <= set(took[k])]
     report.refreshed = _refresh_alertmanager(sinks, state, by_id, report.sent, dagster_url)
-    return alert_state.dumps(state), report
+    pending = {k: v for k, v in took.items() if not set(names) <= set(v)}
+    return json.dumps({"state": alert_state.dumps(state), "took": pending}, separators=(",", ":")), report
+
+
+def _send(fn) -> str | None:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - one sink's failure must not stop the others
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _refresh_alertmanager(sinks: list, state, by_id: dict, just_sent: list, dagster_url: str) -> int:
