@@ -9,7 +9,8 @@ What a real cluster's Prometheus would hold, scrape by scrape:
 * node_exporter (cpu, memory, network) with ``instance="<node>:9100"``.
 * kube-state-metrics ``kube_pod_labels`` (while the pod exists), ``kube_node_labels`` and
   ``kube_node_info`` (``provider_id="aws:///<az>/<instance id>"``, ``internal_ip`` where the node's name
-  is an EC2 private DNS name): one series per EC2 instance of the node, while that instance exists
+  is an EC2 private DNS name): one series per EC2 instance of the node, while that instance exists;
+  ``kube_pod_container_status_restarts_total`` per pod while it exists (rising in oom_loop incidents)
   (``truth.node_instances``), so a ``node_lost`` outage has none and the replacement is a new series.
 * ``up`` for the dcgm-exporter and node-exporter targets: 0 while the node is lost, as Prometheus
   records a failed scrape (the other series simply have no samples then).
@@ -56,7 +57,12 @@ NODE_METRICS = (
     "node_network_transmit_bytes_total",
     "node_network_receive_bytes_total",
 )
-KSM_METRICS = ("kube_pod_labels", "kube_node_labels", "kube_node_info")
+KSM_METRICS = (
+    "kube_pod_labels",
+    "kube_node_labels",
+    "kube_node_info",
+    "kube_pod_container_status_restarts_total",
+)
 ALL_METRICS = (*DCGM_METRICS, "up", *NODE_METRICS, *KSM_METRICS)
 
 
@@ -223,6 +229,18 @@ def _series(
                     ones,
                     alive,
                 )
+        elif family == "kube_pod_container_status_restarts_total":
+            for p in scenario.pods:
+                alive = np.zeros(n, dtype=bool)
+                alive[p.start_s // scenario.step_s : p.end_s // scenario.step_s] = True
+                labels = _labels(
+                    namespace=p.namespace,
+                    pod=p.name,
+                    container=p.container,
+                    uid=truth.pod_uid(scenario, p.name),
+                    **ksm,
+                )
+                yield labels, truth.pod_restarts(scenario, p.name), alive
         elif family == "kube_node_labels":
             for node in scenario.nodes:
                 it = node.instance_type

@@ -15,7 +15,8 @@ YAML layout (see scenarios/small.yaml for a commented example)::
                     util: {base, amplitude, period_h, noise}, container?}]
     incidents:    [{kind: stall, pod, start_h, minutes}
                    {kind: ecc_sbe | ecc_dbe, node, gpu, start_h, minutes, count}
-                   {kind: node_lost, node, start_h, minutes}]
+                   {kind: node_lost, node, start_h, minutes}
+                   {kind: oom_loop, pod, start_h, minutes, count}]   # the container restarts `count` times
     training:                                                             # optional: MLflow runs
       steps_per_hour: 12            # logging cadence: 3600 / steps_per_hour s, a multiple of the scrape
       runs:         [{name, experiment, algo: PPO|DQN, fold, pod?, start_h?, end_h?,
@@ -56,9 +57,9 @@ import yaml
 from foxhunt_obs.sandbox.aws_scenario import Aws, parse_aws
 
 # Bump whenever the generator writes different samples for the same YAML: it is part of the cache key.
-GENERATOR_VERSION = "2"
+GENERATOR_VERSION = "3"
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
-INCIDENT_KINDS = ("stall", "ecc_sbe", "ecc_dbe", "node_lost")
+INCIDENT_KINDS = ("stall", "ecc_sbe", "ecc_dbe", "node_lost", "oom_loop")
 TRAINING_INCIDENT_KINDS = ("nan_loss", "entropy_collapse", "success_drop", "stall")
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED", "RUNNING")
 ALGOS = ("PPO", "DQN")
@@ -137,8 +138,8 @@ class Incident:
     end_s: int
     node: str
     gpu: int | None = None  # ecc_*
-    pod: str | None = None  # stall
-    count: int = 0  # ecc_*: errors added over the window
+    pod: str | None = None  # stall, oom_loop
+    count: int = 0  # ecc_*: errors added over the window; oom_loop: container restarts
 
 
 @dataclass(frozen=True)
@@ -434,6 +435,17 @@ class _Parser:
             if not pod.start_s <= s < e <= pod.end_s:
                 raise self.fail(where, f"the stall must lie within pod {pod.name!r}'s lifetime")
             return Incident(kind, self.at(s), self.at(e), s, e, node=pod.node, pod=pod.name)
+        if kind == "oom_loop":
+            d = self.fields(d, where, {"kind", "pod", "start_h", "minutes", "count"})
+            pod = self.known(self.pods, d["pod"], "pod", where)
+            s, e = self.window(d, where, "minutes")
+            if not pod.start_s <= s < e <= pod.end_s:
+                raise self.fail(where, f"the restarts must lie within pod {pod.name!r}'s lifetime")
+            if int(d["count"]) < 1:
+                raise self.fail(where, "count must be at least 1")
+            return Incident(
+                kind, self.at(s), self.at(e), s, e, node=pod.node, pod=pod.name, count=int(d["count"])
+            )
         if kind == "node_lost":
             d = self.fields(d, where, {"kind", "node", "start_h", "minutes"})
             node = self.known(self.nodes, d["node"], "node", where)

@@ -45,6 +45,18 @@ def gpu_uuid(scenario: Scenario, node: str, gpu: int) -> str:
     return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"{scenario.name}/{node}/{gpu}"))
 
 
+def pod_restarts(scenario: Scenario, pod: str) -> np.ndarray:
+    """kube_pod_container_status_restarts_total of the pod's container at every scrape: 0, then one step
+    up per restart of its oom_loop incidents, spread evenly over each window (a crash-looping trainer)."""
+    step, n = scenario.step_s, scenario.steps
+    bumps = np.zeros(n, dtype=np.int64)
+    for inc in scenario.incidents:
+        if inc.kind == "oom_loop" and inc.pod == pod:
+            a, b = inc.start_s // step, inc.end_s // step
+            np.add.at(bumps, a + (np.arange(inc.count) * (b - a)) // inc.count, 1)
+    return np.cumsum(bumps)
+
+
 def pod_uid(scenario: Scenario, pod: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{scenario.name}/pod/{pod}"))
 

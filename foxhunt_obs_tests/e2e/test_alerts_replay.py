@@ -53,6 +53,8 @@ EXPECTED = [
     ("training_run_silent", "ppo-humanoid-f0", "04:56", "05:05", None, None),
     # the sweep run's success rate drops at 03:00; KILLED at 04:00
     ("success_rate_drop", "ppo-humanoid-sweep", "03:00", "03:15", "04:00", "04:05"),
+    # dqn-atari-learner-1's container restarts 3 times over 05:10-05:20 (the last at 05:16:40)
+    ("gpu_oom_restarts", "dqn-atari-learner-1", "05:10", "05:20", "05:30", "05:40"),
     # node 2 lost 03:00-05:00, for 10 minutes
     ("gpu_node_missing", "", "03:10", "03:20", "05:00", "05:05"),
 ]

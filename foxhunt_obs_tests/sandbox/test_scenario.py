@@ -13,7 +13,13 @@ import pytest
 import yaml
 
 from foxhunt_obs.sandbox import openmetrics, truth
-from foxhunt_obs.sandbox.scenario import SCENARIO_DIR, ScenarioError, load_scenario, parse_scenario
+from foxhunt_obs.sandbox.scenario import (
+    INCIDENT_KINDS,
+    SCENARIO_DIR,
+    ScenarioError,
+    load_scenario,
+    parse_scenario,
+)
 
 UTC = timezone.utc
 
@@ -37,7 +43,7 @@ def test_small_loads(small):
     assert small.step_s == 15 and small.steps == 6 * 240
     assert [n.name for n in small.nodes] == ["ip-10-0-1-11", "ip-10-0-1-12"]
     assert all(n.gpus == 2 and n.mem_mib == 81920 for n in small.nodes)
-    assert {i.kind for i in small.incidents} == {"stall", "ecc_sbe", "ecc_dbe", "node_lost"}
+    assert {i.kind for i in small.incidents} == set(INCIDENT_KINDS)  # every kind once
     assert len(small.fingerprint()) == 64
 
 
@@ -262,3 +268,14 @@ def test_openmetrics_labels_follow_the_pod(small, tmp_path):
     assert 'job="dcgm-exporter"' in held and 'instance="ip-10-0-1-11:9400"' in held
     with pytest.raises(ValueError, match="unknown metric"):
         openmetrics.write_blocks(small, tmp_path, metrics={"gpu_util"})
+
+
+def test_oom_loop_restarts_the_container(small):
+    from foxhunt_obs.sandbox.truth import pod_restarts
+
+    (inc,) = [i for i in small.incidents if i.kind == "oom_loop"]
+    restarts = pod_restarts(small, inc.pod)
+    at = lambda h, m: (h * 3600 + m * 60) // small.step_s  # noqa: E731
+    assert restarts[at(5, 9)] == 0 and restarts[at(5, 20)] == inc.count == 3 and restarts[-1] == 3
+    assert list(np.unique(np.diff(restarts))) == [0, 1]  # one restart at a time
+    assert not pod_restarts(small, "ppo-humanoid-trainer-0").any()
