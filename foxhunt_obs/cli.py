@@ -387,7 +387,7 @@ def alerts_replay(info: dict, state_dir: Path, start: datetime, end: datetime, e
         )
         active = alertmanager.alerts(active=True)
     lines = [
-        f"Alerts, {start:%Y-%m-%d %H:%M} .. {end:%H:%M} UTC: the alert sensor's code replayed every "
+        f"Alerts, {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC: the alert sensor's code replayed every "
         f"{every_s // 60} min into Alertmanager {alertmanager.url} and the alerts table"
     ]
     lines += [f"  {tick:%H:%M}  {n.status:<8} {n.severity:<8} {n.rule:<20} {n.summary}" for tick, n in sent]
