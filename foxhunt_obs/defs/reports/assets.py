@@ -43,6 +43,24 @@ def _fail(e: Exception) -> dg.Failure:
     return dg.Failure(description=str(e))
 
 
+def _per_day(context, lake: LakeResource, reads, build, spec) -> dict[str, pa.Table]:
+    """Each day of the run: `build(connection over reads, day)` written as the day's partition of spec."""
+    store, out = lake.lake(), {}
+    for day in days_of(context.partition_time_window):
+        key = day.strftime("%Y-%m-%d")
+        con = store.connect(reads)
+        try:
+            table = build(con, day.date())
+        finally:
+            con.close()
+        try:
+            store.write_partition(spec, key, table)
+        except LakeError as e:
+            raise _fail(e) from e
+        out[key] = table
+    return out
+
+
 def _md(df) -> dg.MetadataValue:
     return dg.MetadataValue.md(df.to_markdown(index=False, floatfmt=".2f") if len(df) else "none")
 
@@ -144,20 +162,7 @@ def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource):
     ),
 )
 def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
-    store = lake.lake()
-    out = {}
-    for day in days_of(context.partition_time_window):
-        key = day.strftime("%Y-%m-%d")
-        con = store.connect([COST_ALLOCATION])
-        try:
-            table = build_utilization_per_dollar(con, day.date())
-        finally:
-            con.close()
-        try:
-            store.write_partition(UTILIZATION_PER_DOLLAR, key, table)
-        except LakeError as e:
-            raise _fail(e) from e
-        out[key] = table
+    out = _per_day(context, lake, [COST_ALLOCATION], build_utilization_per_dollar, UTILIZATION_PER_DOLLAR)
     df = pa.concat_tables(out.values()).to_pandas()
     total = df.allocated_usd.sum()
     active = df.active_gpu_hours.sum()
@@ -204,20 +209,8 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
     ),
 )
 def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
-    store = lake.lake()
-    out = {}
-    for day in days_of(context.partition_time_window):
-        key = day.strftime("%Y-%m-%d")
-        con = store.connect([TRAINING_RUNS, TRAINING_METRICS, COST_ALLOCATION])
-        try:
-            table = build_outcome_per_dollar(con, day.date())
-        finally:
-            con.close()
-        try:
-            store.write_partition(OUTCOME_PER_DOLLAR, key, table)
-        except LakeError as e:
-            raise _fail(e) from e
-        out[key] = table
+    reads = [TRAINING_RUNS, TRAINING_METRICS, COST_ALLOCATION]
+    out = _per_day(context, lake, reads, build_outcome_per_dollar, OUTCOME_PER_DOLLAR)
     df = pa.concat_tables(out.values()).to_pandas()
     view = df[["day", "run_name", "experiment", "success_start", "success_end", "usd", "usd_per_point"]]
     return dg.MaterializeResult(
