@@ -353,8 +353,9 @@ def weekly_summary(week: str) -> str:
 
 
 def alerts_replay(info: dict, state_dir: Path, start: datetime, end: datetime, every_s: int = 600) -> str:
-    """The alert sensor's code replayed over [start, end) as if it had ticked every `every_s` seconds,
-    notifying a local Alertmanager and the alerts table; what arrived, in order."""
+    """The alert sensor's code replayed over [start, end] as if it had ticked every `every_s` seconds,
+    notifying a local Alertmanager and the alerts table; what arrived, in order. The tick at `end` sees
+    the last day's costs complete (a cost spike the day before resolves there)."""
     from foxhunt_obs.lib.alerts.catalog import load_rules
     from foxhunt_obs.lib.alerts.collect import Sources
     from foxhunt_obs.lib.alerts.engine import replay
@@ -382,7 +383,7 @@ def alerts_replay(info: dict, state_dir: Path, start: datetime, end: datetime, e
             sources,
             [AlertmanagerSink(alertmanager.url), LakeAlertSink(lake)],
             start,
-            end,
+            end + timedelta(seconds=1),
             every_s,
         )
         active = alertmanager.alerts(active=True)
@@ -390,7 +391,9 @@ def alerts_replay(info: dict, state_dir: Path, start: datetime, end: datetime, e
         f"Alerts, {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC: the alert sensor's code replayed every "
         f"{every_s // 60} min into Alertmanager {alertmanager.url} and the alerts table"
     ]
-    lines += [f"  {tick:%H:%M}  {n.status:<8} {n.severity:<8} {n.rule:<20} {n.summary}" for tick, n in sent]
+    lines += [
+        f"  {tick:%m-%d %H:%M}  {n.status:<8} {n.severity:<8} {n.rule:<20} {n.summary}" for tick, n in sent
+    ]
     lines.append(
         f"  Alertmanager at the end: {len(active)} active ("
         + (", ".join(sorted(a["labels"]["alertname"] for a in active)) or "none")

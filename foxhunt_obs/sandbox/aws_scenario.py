@@ -16,7 +16,8 @@ scenarios/default.yaml for a commented example)::
         s3_buckets: [{name, experiment, gb}]   # tagged with the defaults + Experiment=<experiment>
         eks_cluster: name                      # billed per hour, no tags at all
       budget:     {name, limit_usd, alert_pct?}
-      incidents:  [{kind: fsx_fill, fsx, start_h, minutes, gb, recover_h?}]
+      incidents:  [{kind: fsx_fill, fsx, start_h, minutes, gb, recover_h?},
+                   {kind: stray_instance, name, instance_type, start_h, hours, experiment?}]
 
 Every node of the scenario is one EC2 instance billed from the scenario's start to its end, except while a
 ``node_lost`` incident has it replaced (see bills.py). Times here are offsets from the scenario's start as
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 COST_TAG_KEYS = ("Project", "Environment", "Experiment")  # the cost allocation tags (seed 000)
 DEPLOYMENT_TYPES = ("PERSISTENT_1", "PERSISTENT_2", "SCRATCH_1", "SCRATCH_2")
-AWS_INCIDENT_KINDS = ("fsx_fill",)
+AWS_INCIDENT_KINDS = ("fsx_fill", "stray_instance")
 MINUTE_S = 60
 GB = 10**9  # free space is in GB (decimal), as CloudWatch's bytes are; capacity in GiB, as FSx provisions
 GIB = 2**30
@@ -111,6 +112,22 @@ class FsxFill:
 
 
 @dataclass(frozen=True)
+class StrayInstance:
+    """An EC2 instance billed outside the cluster over [start, end): no node, no pods, nothing in
+    Prometheus (someone's benchmark box left running). Tagged with the defaults + Experiment when given:
+    its hours are the project's cost spike, and bill lines on no node-hour in the allocation."""
+
+    kind: str  # "stray_instance"
+    name: str
+    instance_type: str
+    experiment: str  # '' for no Experiment tag
+    start: datetime
+    end: datetime
+    start_s: int
+    end_s: int
+
+
+@dataclass(frozen=True)
 class Aws:
     account_id: str
     region: str
@@ -119,11 +136,19 @@ class Aws:
     s3_buckets: tuple[S3Bucket, ...]
     eks_cluster: str | None
     budget: Budget | None
-    incidents: tuple[FsxFill, ...]
+    incidents: tuple[FsxFill | StrayInstance, ...]
 
     @property
     def default_tags(self) -> dict[str, str]:
         return dict(self.tags)
+
+    @property
+    def fills(self) -> tuple[FsxFill, ...]:
+        return tuple(i for i in self.incidents if isinstance(i, FsxFill))
+
+    @property
+    def strays(self) -> tuple[StrayInstance, ...]:
+        return tuple(i for i in self.incidents if isinstance(i, StrayInstance))
 
     def file_system(self, name: str) -> FileSystem:
         for f in self.fsx:
@@ -154,7 +179,8 @@ def parse_aws(p: _Parser, d: Any) -> Aws:
         raise p.fail("aws.incidents", "expected a list")
     by_name = {f.name: f for f in fsx}
     incidents = tuple(_incident(p, i, x, by_name) for i, x in enumerate(raw_inc))
-    _check_fills(p, fsx, incidents)
+    _check_fills(p, fsx, tuple(i for i in incidents if isinstance(i, FsxFill)))
+    p.unique([i for i in incidents if isinstance(i, StrayInstance)], "aws.incidents stray_instance")
     return Aws(
         account_id=account,
         region=region,
@@ -308,11 +334,13 @@ def _minute(p: _Parser, value: Any, unit_s: int, where: str, what: str) -> int:
     return k * MINUTE_S
 
 
-def _incident(p: _Parser, i: int, d: Any, fsx: dict[str, FileSystem]) -> FsxFill:
+def _incident(p: _Parser, i: int, d: Any, fsx: dict[str, FileSystem]) -> FsxFill | StrayInstance:
     kind = d.get("kind") if isinstance(d, dict) else None
     where = f"aws.incidents[{i}] ({kind})"
     if kind not in AWS_INCIDENT_KINDS:
         raise p.fail(where, f"kind must be one of {', '.join(AWS_INCIDENT_KINDS)}")
+    if kind == "stray_instance":
+        return _stray(p, where, d)
     d = p.fields(d, where, {"kind", "fsx", "start_h", "minutes", "gb"}, {"recover_h"})
     fs = p.known(fsx, d["fsx"], "FSx file system", where)
     s = _minute(p, d["start_h"], 3600, where, "start_h")
@@ -338,6 +366,33 @@ def _incident(p: _Parser, i: int, d: Any, fsx: dict[str, FileSystem]) -> FsxFill
         end_s=e,
         recover=p.at(r) if r is not None else None,
         recover_s=r,
+    )
+
+
+def _stray(p: _Parser, where: str, d: dict) -> StrayInstance:
+    d = p.fields(d, where, {"kind", "name", "instance_type", "start_h", "hours"}, {"experiment"})
+    if not isinstance(d["name"], str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", d["name"]):
+        raise p.fail(where, f"name must be a word (letters, digits, _ . -), got {d['name']!r}")
+    if not isinstance(d["instance_type"], str) or not re.fullmatch(
+        r"[a-z0-9-]+\.[a-z0-9]+", d["instance_type"]
+    ):
+        raise p.fail(where, f"instance_type must look like p5.48xlarge, got {d['instance_type']!r}")
+    experiment = ""
+    if d.get("experiment") is not None:
+        experiment = p.known(p.experiments, d["experiment"], "experiment", where).name
+    s = _minute(p, d["start_h"], 3600, where, "start_h")
+    e = s + _minute(p, d["hours"], 3600, where, "hours")
+    if not 0 <= s < e <= p.hours * 3600:
+        raise p.fail(where, f"window {s / 3600:g}h..{e / 3600:g}h is empty or outside 0..{p.hours}h")
+    return StrayInstance(
+        kind="stray_instance",
+        name=d["name"],
+        instance_type=d["instance_type"],
+        experiment=experiment,
+        start=p.at(s),
+        end=p.at(e),
+        start_s=s,
+        end_s=e,
     )
 
 

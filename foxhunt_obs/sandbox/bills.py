@@ -9,6 +9,8 @@ The bill (on-demand only, so amortized = unblended), one line item per resource 
   usage. A ``node_lost`` incident replaces the instance: the old id is billed up to the loss, a new id
   from the incident's end, nothing in between; node_samples has no rows then either, so the live
   estimate (node-hours × price) equals the bill. Tagged with the default tags only (shared nodes).
+  A ``stray_instance`` incident is one more instance outside the cluster (``stray_instances``): billed
+  the same way, tagged with the defaults + its Experiment, on no node (nothing in Prometheus).
 * FSx for Lustre: usage = storage_gib / hours in the month (GB-Mo), cost = the GB-month price of its
   deployment type and throughput tier × usage. Tagged with the defaults.
 * S3 checkpoint buckets: usage = gb / hours in the month, cost = the STANDARD GB-month price × usage;
@@ -80,6 +82,7 @@ class Instance:
     instance_type: str
     start: datetime
     end: datetime
+    experiment: str = ""  # its Experiment tag ('' for none: nodes are shared)
 
 
 def instance_id(node: str, generation: int = 0) -> str:
@@ -101,6 +104,14 @@ def instances(scenario: Scenario) -> list[Instance]:
                 generation += 1
             t = max(t, e)
     return out
+
+
+def stray_instances(scenario: Scenario) -> list[Instance]:
+    """The aws block's stray_instance incidents as instances on no node (``node`` is '')."""
+    return [
+        Instance("", instance_id(f"stray/{x.name}"), x.instance_type, x.start, x.end, x.experiment)
+        for x in _aws(scenario).strays
+    ]
 
 
 def fsx_local_id(scenario: Scenario, fs: FileSystem) -> str:
@@ -166,8 +177,9 @@ def line_items(
     defaults = aws.default_tags
     fsx_ids = fsx_ids or {}
     items: list[LineItem] = []
-    for inst in instances(scenario):
+    for inst in instances(scenario) + stray_instances(scenario):
         price = prices.get(EC2, inst.instance_type).usd
+        tags = {**defaults, "Experiment": inst.experiment} if inst.experiment else dict(defaults)
         for h in _hours(scenario):
             seconds = (min(inst.end, h + HOUR) - max(inst.start, h)).total_seconds()
             if seconds <= 0:
@@ -183,7 +195,7 @@ def line_items(
                     instance_type=inst.instance_type,
                     usage_amount=usage,
                     cost=price * usage,
-                    tags=dict(defaults),
+                    tags=dict(tags),
                 )
             )
     for fs in aws.fsx:
@@ -444,8 +456,8 @@ def _fill_used(scenario: Scenario, fs: FileSystem, n: int) -> tuple[np.ndarray, 
     """Bytes taken by fsx_fill incidents at each minute's timestamp, and bytes written in each minute."""
     used = np.zeros(n, dtype=np.int64)
     written = np.zeros(n, dtype=np.int64)
-    for f in _aws(scenario).incidents:
-        if f.kind != "fsx_fill" or f.fsx != fs.name:
+    for f in _aws(scenario).fills:
+        if f.fsx != fs.name:
             continue
         total = int(round(f.gb * GB))
         s, e = f.start_s // MINUTE_S, f.end_s // MINUTE_S

@@ -61,6 +61,11 @@ def test_above_baseline():
     # constant history: MAD 0, the threshold is the median itself
     assert above_baseline([5, 5, 5], 5.01, k=3).fired
     assert not above_baseline([5, 5, 5], 5.0, k=3).fired
+    # a minimum ratio over the median: the larger bar wins
+    v = above_baseline([5, 5, 5], 5.5, k=3, min_ratio=1.2)
+    assert not v.fired and v.baseline == 6.0
+    assert above_baseline([5, 5, 5], 6.01, k=3, min_ratio=1.2).fired
+    assert above_baseline(hist, 16, k=3, min_ratio=1.2).baseline == pytest.approx(15.4478)
 
 
 def test_sudden_drop_by_hand():

@@ -274,7 +274,10 @@ def test_cost_spike_sums_rows_of_a_day_and_reads_timestamps():
     more = pd.concat([frame, pd.DataFrame([(last, "p", 5.0)], columns=frame.columns)])
     more["day"] = pd.to_datetime(more["day"])  # a DATE read as datetime64
     (f,) = cost_spike(rule, more)
-    assert f.value == 15.0 and f.extra["threshold"] == 10.0
+    # a flat history has MAD 0: the bar is min_increase_pct (20 %) over the median
+    assert f.value == 15.0 and f.extra["threshold"] == 12.0
+    a_bit_more = pd.concat([frame, pd.DataFrame([(last, "p", 1.5)], columns=frame.columns)])
+    assert cost_spike(rule, a_bit_more) == []  # +15 %: not a spike
     assert cost_spike(rule, frame.iloc[0:0]) == []
 
 

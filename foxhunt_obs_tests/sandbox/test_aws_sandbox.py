@@ -106,6 +106,8 @@ def _fill(raw):
     return raw["aws"]["incidents"][0]
 
 
+STRAY = {"kind": "stray_instance", "name": "bench", "instance_type": "p5.48xlarge", "start_h": 1, "hours": 2}
+
 BAD = {
     "unknown field": (lambda r: _aws(r).update(vpc="x"), "aws: unknown field(s) vpc"),
     "account id": (lambda r: _aws(r).update(account_id=123), "aws.account_id: expected 12 digits"),
@@ -156,6 +158,26 @@ BAD = {
     "off minute grid": (
         lambda r: _fill(r).update(start_h="2:00:30"),
         "not on the 60 s CloudWatch minute grid",
+    ),
+    "stray kind field": (
+        lambda r: _aws(r)["incidents"].append(dict(STRAY, gb=1)),
+        "aws.incidents[1] (stray_instance): unknown field(s) gb",
+    ),
+    "stray experiment": (
+        lambda r: _aws(r)["incidents"].append(dict(STRAY, experiment="sac")),
+        "aws.incidents[1] (stray_instance): unknown experiment 'sac'",
+    ),
+    "stray type": (
+        lambda r: _aws(r)["incidents"].append(dict(STRAY, instance_type="P5")),
+        "instance_type must look like p5.48xlarge, got 'P5'",
+    ),
+    "stray outside": (
+        lambda r: _aws(r)["incidents"].append(dict(STRAY, start_h=5, hours=2)),
+        "aws.incidents[1] (stray_instance): window 5h..7h is empty or outside 0..6h",
+    ),
+    "stray twice": (
+        lambda r: _aws(r)["incidents"].extend([dict(STRAY), dict(STRAY)]),
+        "aws.incidents stray_instance 'bench': defined twice",
     ),
     "overlapping fills": (
         lambda r: _aws(r)["incidents"].append({**_fill(r), "start_h": 3.5, "recover_h": 5}),
@@ -234,6 +256,22 @@ def test_default_last_day(default):
     assert b.actual_usd == sum(i.cost for i in items)  # the scenario lies inside November
     assert close(b.forecast_usd, b.actual_usd + sum(costs.values()) * 8)
     assert b.actual_usd > b.limit_usd * Decimal("0.8") and b.forecast_usd > b.limit_usd
+
+
+def test_stray_instance_is_the_cost_spike(default):
+    """The default scenario's stray p5: 8 hours billed on 2026-11-21 to ppo-humanoid, on no node."""
+    (stray,) = bills.stray_instances(default)
+    assert stray.node == "" and stray.instance_id not in {i.instance_id for i in bills.instances(default)}
+    every = bills.line_items(default)
+    items = [i for i in every if i.resource_id == stray.instance_id]
+    assert [i.hour.hour for i in items] == list(range(10, 18))
+    assert {i.day for i in items} == {date(2026, 11, 21)}
+    assert all(i.usage_type == "BoxUsage:p5.48xlarge" and i.cost == Decimal("55.04") for i in items)
+    assert items[0].tags == {"Project": "foxhunt-rl", "Environment": "training", "Experiment": "ppo-humanoid"}
+    spike = _day_totals(every, date(2026, 11, 21)) - _day_totals(every, date(2026, 11, 20))
+    assert close(spike, Decimal("440.32"))
+    # nothing of it reaches Prometheus: no kube_node_info, no node_samples
+    assert stray.instance_id not in set(truth.node_samples(default)["instance_id"])
 
 
 def test_untagged_eks_line(small):

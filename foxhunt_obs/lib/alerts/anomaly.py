@@ -104,13 +104,16 @@ def above_baseline(
     k: float,
     window: int | None = None,
     min_points: int = 1,
+    min_ratio: float = 1.0,
 ) -> Verdict | None:
-    """Is `value` strictly above median + k·MAD of the trailing history? None when the history is too
-    short or `value` is not finite. With a constant history (MAD 0) anything above the median fires."""
+    """Is `value` strictly above median + k·MAD of the trailing history, and above median × `min_ratio`?
+    None when the history is too short or `value` is not finite. baseline: the larger of the two bars.
+    With a constant history (MAD 0) and min_ratio 1 anything above the median fires."""
     b = robust_baseline(history, k, window, min_points)
     if b is None or not np.isfinite(value):
         return None
-    return Verdict(fired=bool(value > b.threshold), value=float(value), baseline=b.threshold)
+    bar = max(b.threshold, b.median * float(min_ratio))
+    return Verdict(fired=bool(value > bar), value=float(value), baseline=bar)
 
 
 def sudden_drop(values: Sequence[float] | np.ndarray, window: int, drop: float) -> Verdict | None:

@@ -313,13 +313,16 @@ def budget_burn(rule: Rule, budgets: pd.DataFrame) -> list[Finding]:
 def cost_spike(rule: Rule, daily: pd.DataFrame) -> list[Finding]:
     """A finding per project whose cost on the latest day of `daily` is above median + k·MAD of its costs
     on the `days` days before (anomaly.above_baseline), given at least `min_days` of those days have
-    cost rows (a project's first days are not a spike). Several rows of a project and day are summed.
-    value: the day's cost; extra threshold, day, median, mad; at: the day's midnight (UTC)."""
+    cost rows (a project's first days are not a spike), and at least `min_increase_pct` % above the median
+    (a steady project's MAD is ~0, and a cent is not a spike). Several rows of a project and day are
+    summed. value: the day's cost; extra threshold (the larger bar), day, median, mad; at: the day's
+    midnight (UTC)."""
     if _empty(daily, "day", "project", "cost_usd"):
         return []
     k = float(rule.thresholds["k"])
     days = int(rule.thresholds["days"])
     min_days = int(rule.thresholds["min_days"])
+    margin = 1 + float(rule.thresholds["min_increase_pct"]) / 100
     d = daily[["day", "project", "cost_usd"]].copy()
     d["day"] = d["day"].map(_day)
     d["project"] = d["project"].map(_label)
@@ -336,7 +339,7 @@ def cost_spike(rule: Rule, daily: pd.DataFrame) -> list[Finding]:
             continue
         history = s[(s.index >= first) & (s.index < latest)].to_numpy(dtype=float)
         value = float(s[latest])
-        verdict = anomaly.above_baseline(history, value, k, min_points=max(min_days, 1))
+        verdict = anomaly.above_baseline(history, value, k, min_points=max(min_days, 1), min_ratio=margin)
         if verdict is None or not verdict.fired:
             continue
         base = anomaly.robust_baseline(history, k)
