@@ -3,9 +3,12 @@
 What a real cluster's Prometheus would hold, scrape by scrape:
 
 * dcgm-exporter, pre-4.9 field names and units, labelled as dcgm-exporter does (``gpu``, ``UUID``,
-  ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``) plus the scrape's
-  ``job``/``instance``; ``namespace``/``pod``/``container`` only while a pod holds the GPU, so a GPU's
-  series changes identity when its pod changes, as it does in production.
+  ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``) and scraped as
+  the GPU Operator's ServiceMonitor does (honor_labels off): the target's ``job``/``instance`` and the
+  exporter pod's own ``namespace``/``pod``/``container`` (gpu-operator, nvidia-dcgm-exporter-xxxxx,
+  nvidia-dcgm-exporter) on every series, and the holder as ``exported_namespace``/``exported_pod``/
+  ``exported_container`` only while a pod holds the GPU, so a GPU's series changes identity when its pod
+  changes, as it does in production.
 * node_exporter (cpu, memory, network) with ``instance="<node>:9100"``.
 * kube-state-metrics ``kube_pod_labels`` (while the pod exists), ``kube_node_labels`` and
   ``kube_node_info`` (``provider_id="aws:///<az>/<instance id>"``, ``internal_ip`` where the node's name
@@ -22,6 +25,7 @@ its whole input once per 2-hour block it cuts: one big file would cost quadratic
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -35,6 +39,13 @@ from foxhunt_obs.sandbox.scenario import Scenario
 
 BLOCK_S = 2 * 3600  # Prometheus TSDB block range; blocks are aligned to multiples of it since the epoch
 DRIVER_VERSION = "535.183.01"
+DCGM_NAMESPACE, DCGM_CONTAINER = "gpu-operator", "nvidia-dcgm-exporter"  # the GPU Operator's DaemonSet
+
+
+def dcgm_exporter_pod(node: str) -> str:
+    """The node's dcgm-exporter pod, named as a DaemonSet names its pods (a 5-character suffix)."""
+    return f"{DCGM_CONTAINER}-{hashlib.sha256(node.encode()).hexdigest()[:5]}"
+
 
 DCGM_METRICS = {  # dcgm-exporter name (pre-4.9) -> truth column, in the exporter's units
     "DCGM_FI_DEV_GPU_UTIL": "util_pct",
@@ -186,13 +197,20 @@ def _series(
                     DCGM_FI_DRIVER_VERSION=DRIVER_VERSION,
                     job="dcgm-exporter",
                     instance=f"{node.name}:9400",
+                    namespace=DCGM_NAMESPACE,
+                    pod=dcgm_exporter_pod(node.name),
+                    container=DCGM_CONTAINER,
                 )
                 holder = track["holder"]
                 for h in np.unique(holder[up]):
                     labels = gpu
                     if h >= 0:
                         p = scenario.pods[h]
-                        labels += "," + _labels(container=p.container, namespace=p.namespace, pod=p.name)
+                        labels += "," + _labels(
+                            exported_container=p.container,
+                            exported_namespace=p.namespace,
+                            exported_pod=p.name,
+                        )
                     yield labels, track[DCGM_METRICS[family]], up & (holder == h)
     elif family == "up":
         for job, port in (("dcgm-exporter", 9400), ("node-exporter", 9100)):

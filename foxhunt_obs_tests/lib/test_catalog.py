@@ -5,6 +5,7 @@ import pytest
 from foxhunt_obs.lib.analysis.catalog import (
     CatalogError,
     first_label,
+    holder_labels,
     kube_label_name,
     load_catalog,
     node_of,
@@ -101,6 +102,53 @@ def test_pod_labels_prefer_exported_ones():
         first_label({"UUID": "GPU-1"}, lab["uuid"]) == first_label({"uuid": "GPU-1"}, lab["uuid"]) == "GPU-1"
     )
     assert first_label({}, lab["pod"]) == ""
+
+
+def test_an_exporter_pod_holds_no_gpu():
+    """honor_labels off: an unheld GPU's series keeps the dcgm-exporter pod's own labels only."""
+    catalog = load_catalog()
+    lab = catalog.labels
+    exporter = {
+        "pod": "nvidia-dcgm-exporter-x",
+        "namespace": "gpu-operator",
+        "container": "nvidia-dcgm-exporter",
+    }
+    idle = holder_labels({**exporter, "gpu": "1"}, catalog)
+    assert idle == {"gpu": "1"}
+    assert [first_label(idle, lab[k]) for k in ("namespace", "pod", "container")] == ["", "", ""]
+    held = holder_labels(
+        {
+            **exporter,
+            "exported_pod": "trainer-0",
+            "exported_namespace": "rl",
+            "exported_container": "learner",
+        },
+        catalog,
+    )
+    assert [first_label(held, lab[k]) for k in ("namespace", "pod", "container")] == [
+        "rl",
+        "trainer-0",
+        "learner",
+    ]
+    # honor_labels on (our ServiceMonitor): the plain labels are the holder's and stay
+    own = {"pod": "trainer-1", "namespace": "rl", "container": "main"}
+    assert holder_labels(own, catalog) is own
+
+
+def test_exporter_containers_must_be_container_names(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        textwrap.dedent("""
+        labels: {}
+        gpu_query: x
+        exporter_containers: ["dcgm|.*"]
+        gpu_metrics: {}
+        node_metrics: {}
+        kube: {}
+    """)
+    )
+    with pytest.raises(CatalogError, match=r"bad.yaml.*'dcgm\|\.\*' is not a container name"):
+        load_catalog(path)
 
 
 def test_kube_label_name():

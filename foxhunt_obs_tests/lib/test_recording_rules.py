@@ -34,8 +34,11 @@ tests:
   - interval: 15s
     input_series:
       # dcgm-exporter behind honor_labels: false: the GPU's pod arrives as exported_pod
-      - series: 'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-a",Hostname="ip-1",modelName="A100",pod="dcgm-x",exported_pod="trainer-0",namespace="gpu-operator",exported_namespace="rl",instance="10.0.0.1:9400"}}'
+      - series: 'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-a",Hostname="ip-1",modelName="A100",pod="nvidia-dcgm-exporter-x",exported_pod="trainer-0",namespace="gpu-operator",exported_namespace="rl",container="nvidia-dcgm-exporter",exported_container="learner",instance="10.0.0.1:9400"}}'
         values: '50 60'
+      # ... and a GPU no pod holds: no exported_*, the plain labels are the exporter pod's own
+      - series: 'DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="GPU-c",Hostname="ip-1",modelName="A100",pod="nvidia-dcgm-exporter-x",namespace="gpu-operator",container="nvidia-dcgm-exporter",instance="10.0.0.1:9400"}}'
+        values: '0 0'
       # the same GPU from our exporter too (a migration): dcgm-exporter, listed first, wins
       - series: 'foxhunt_gpu_utilization_percent{{gpu="0",uuid="GPU-a",hostname="ip-1",model="A100"}}'
         values: '10 10'
@@ -56,8 +59,10 @@ tests:
       - expr: foxhunt:gpu_util:ratio
         eval_time: 15s
         exp_samples:
-          - labels: 'foxhunt:gpu_util:ratio{{node="ip-1",gpu="0",uuid="GPU-a",model="A100",namespace="rl",pod="trainer-0"}}'
+          - labels: 'foxhunt:gpu_util:ratio{{node="ip-1",gpu="0",uuid="GPU-a",model="A100",namespace="rl",pod="trainer-0",container="learner"}}'
             value: 0.6
+          - labels: 'foxhunt:gpu_util:ratio{{node="ip-1",gpu="1",uuid="GPU-c",model="A100"}}'
+            value: 0
           - labels: 'foxhunt:gpu_util:ratio{{node="ip-2",gpu="1",uuid="GPU-b",model="H100",namespace="rl",pod="trainer-1",container="main"}}'
             value: 0.9
       - expr: foxhunt:gpu_mem_total:bytes

@@ -134,7 +134,7 @@ def test_range_query_returns_the_truth(server, small, metric, column, node, gpu,
     for series in result:
         # A series is one holder of the GPU. Prometheus also repeats a series' last sample for up to
         # 5 minutes after it ends (backfill has no staleness markers): the ts-and-holder join drops those.
-        mine = want[want["pod"] == series["metric"].get("pod", "")]
+        mine = want[want["pod"] == series["metric"].get("exported_pod", "")]
         expected = dict(zip(mine["ts"].astype("int64") // 10**9, mine[column]))
         for ts, value in series["values"]:
             if ts in expected:

@@ -261,9 +261,13 @@ def test_openmetrics_labels_follow_the_pod(small, tmp_path):
     assert set(re.findall(r"^# TYPE (\S+)", text, re.M)) == {"DCGM_FI_DEV_GPU_UTIL"}
     series = set(re.findall(r"^DCGM_FI_DEV_GPU_UTIL\{(.*)\} ", text, re.M))
     gpu0 = [s for s in series if 'Hostname="ip-10-0-1-11"' in s and 'gpu="0"' in s]
-    assert len(gpu0) == 2  # idle 00:00-00:30 without pod labels, then held by ppo-humanoid-trainer-0
-    held = next(s for s in gpu0 if "pod=" in s)
-    assert 'namespace="rl-train"' in held and 'container="trainer"' in held
+    assert len(gpu0) == 2  # idle 00:00-00:30 without exported_* labels, then held by ppo-humanoid-trainer-0
+    held = next(s for s in gpu0 if "exported_pod=" in s)
+    assert 'exported_pod="ppo-humanoid-trainer-0"' in held
+    assert 'exported_namespace="rl-train"' in held and 'exported_container="trainer"' in held
+    # scraped with honor_labels off: every series carries the dcgm-exporter pod's own labels
+    exporter = f'pod="{openmetrics.dcgm_exporter_pod("ip-10-0-1-11")}"'
+    assert all(exporter in s and 'container="nvidia-dcgm-exporter"' in s for s in gpu0)
     assert 'UUID="GPU-' in held and 'device="nvidia0"' in held and 'modelName="NVIDIA A100-SXM4-80GB"' in held
     assert 'job="dcgm-exporter"' in held and 'instance="ip-10-0-1-11:9400"' in held
     with pytest.raises(ValueError, match="unknown metric"):

@@ -56,6 +56,7 @@ class Catalog:
     gpu_metrics: tuple[GpuMetric, ...]
     node_metrics: tuple[NodeMetric, ...]
     kube: dict[str, str]
+    exporter_containers: tuple[str, ...] = ()
 
     def gpu_metric(self, column: str) -> GpuMetric:
         for m in self.gpu_metrics:
@@ -91,7 +92,11 @@ def _load(path: str) -> Catalog:
             for col, spec in raw["node_metrics"].items()
         )
         labels = {k: tuple(v) for k, v in raw["labels"].items()}
-        catalog = Catalog(labels, raw["gpu_query"], gpu, node, dict(raw["kube"]))
+        exporters = tuple(raw.get("exporter_containers") or ())
+        for c in exporters:
+            if not isinstance(c, str) or not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", c):
+                raise ValueError(f"exporter_containers: {c!r} is not a container name (a DNS label)")
+        catalog = Catalog(labels, raw["gpu_query"], gpu, node, dict(raw["kube"]), exporters)
     except (KeyError, TypeError, ValueError) as e:
         raise CatalogError(f"metric catalog {path}: malformed entry: {e!r}") from e
     names = [s.name for m in gpu for s in m.sources]
@@ -127,6 +132,17 @@ def _ident(name: str) -> str:
     if not _IDENT.match(name):
         raise ValueError(f"{name!r} is not a valid column name")
     return name
+
+
+HOLDER_LABELS = ("namespace", "pod", "container")  # the scrape target's own, when they are an exporter's
+
+
+def holder_labels(labels: dict[str, str], catalog: Catalog) -> dict[str, str]:
+    """``labels`` without the plain pod/namespace/container when they name an exporter's own pod
+    (catalog.exporter_containers): those say who scraped the GPU, not who holds it."""
+    if labels.get("container") in catalog.exporter_containers:
+        return {k: v for k, v in labels.items() if k not in HOLDER_LABELS}
+    return labels
 
 
 def first_label(labels: dict[str, str], candidates: tuple[str, ...] | list[str]) -> str:

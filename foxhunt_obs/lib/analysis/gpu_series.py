@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from foxhunt_obs.lib.analysis.catalog import Catalog, first_label, kube_label_name, node_of
+from foxhunt_obs.lib.analysis.catalog import Catalog, first_label, holder_labels, kube_label_name, node_of
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient, RangeResult
 
@@ -94,7 +94,8 @@ class _Grid:
                 first_label(x, lab["uuid"]),
             )
             gpu_of_series[i] = self.gpus.setdefault(key, len(self.gpus))
-            names = tuple(first_label(x, lab[k]) for k in ("model", "namespace", "pod", "container"))
+            held = holder_labels(x, catalog)
+            names = tuple(first_label(held, lab[k]) for k in ("model", "namespace", "pod", "container"))
             labels_of_series[i] = self.label_sets.setdefault(names, len(self.label_sets))
         series = res.series_of_point()
         step = (np.rint(res.ts * 1000).astype(np.int64) - self.start_ms + self.step_ms // 2) // self.step_ms

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import yaml
 
-from foxhunt_obs.lib.analysis.catalog import Catalog, GpuMetric, Source
+from foxhunt_obs.lib.analysis.catalog import HOLDER_LABELS, Catalog, GpuMetric, Source
 
 CANONICAL_LABELS = ("node", "gpu", "uuid", "model", "namespace", "pod", "container")
 GROUP = "foxhunt-gpu-canonical"
@@ -23,6 +23,11 @@ def _normalised(expr: str, catalog: Catalog, node_labels: tuple[str, ...]) -> st
     label_replace overwrites, so candidates are applied lowest precedence first. A label that is its
     own candidate (`node` in the node list) is copied aside first, so it still wins when present."""
     candidates = {**catalog.labels, "node": node_labels}
+    if catalog.exporter_containers:
+        # an exporter's own pod is not the GPU's holder (catalog.holder_labels); container blanked last
+        regex = "|".join(catalog.exporter_containers)  # DNS labels (the loader checks): nothing to escape
+        for label in HOLDER_LABELS:
+            expr = f'label_replace({expr}, "{label}", "", "container", "{regex}")'
     for label in CANONICAL_LABELS:
         names = list(candidates.get(label, ()))
         if label in names:
