@@ -9,7 +9,11 @@ from typing import Literal
 
 import dagster as dg
 from dagster_aws.utils import ResourceWithBoto3Configuration
+from dagster_slack import SlackResource
+from pydantic import Field
+from slack_sdk import WebClient
 
+from foxhunt_obs.lib.delivery.slack_client import slack_web_client
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.settings import Settings, csv_setting, env
 from foxhunt_obs.lib.sources.aws import AwsConfig
@@ -79,6 +83,25 @@ class AwsResource(ResourceWithBoto3Configuration):
         return self.config().client(service)
 
 
+class SlackBotResource(SlackResource):
+    """dagster-slack's resource for the alert sinks and the weekly report. The token defaults to
+    SLACK_BOT_TOKEN and base_url to FOXHUNT_REPORT_SLACK_API_URL (else Slack's), both read when a client
+    is built, so a deployment without Slack loads and runs: only a configured channel
+    (FOXHUNT_ALERT_SLACK_CHANNEL, FOXHUNT_REPORT_SLACK_CHANNEL) asks for a client. The client has the lib's
+    timeout and bounded retries (lib/delivery/slack_client.py)."""
+
+    token: str = Field(
+        default="",
+        description="Slack bot token (set it with dg.EnvVar); empty: SLACK_BOT_TOKEN, never logged",
+    )
+    base_url: str = Field(
+        default="", description="Slack Web API base URL; empty: FOXHUNT_REPORT_SLACK_API_URL, else Slack's"
+    )
+
+    def get_client(self) -> WebClient:
+        return slack_web_client(self.token, self.base_url)
+
+
 @dg.definitions
 def resources() -> dg.Definitions:
     return dg.Definitions(
@@ -87,5 +110,6 @@ def resources() -> dg.Definitions:
             "prometheus": PrometheusResource(),
             "mlflow": MlflowResource(),
             "aws": AwsResource(),
+            "slack": SlackBotResource(),
         }
     )

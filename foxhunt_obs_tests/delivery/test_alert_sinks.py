@@ -1,5 +1,5 @@
 """The alert sinks against real receivers: the Debian Alertmanager (v2 API), a local HTTP server for the
-signed webhook (and for Alertmanager's error answers), the Slack stand-in of test_send, and a lake in a
+signed webhook (and for Alertmanager's error answers), the Slack stand-in (slack_standin.py), and a lake in a
 temp folder. Secrets must reach neither a log nor an exception."""
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ from foxhunt_obs.lib.delivery.alert_sinks import (
     notification_dict,
     sinks_from_env,
 )
+from foxhunt_obs.lib.delivery.slack_client import slack_web_client
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import ALERTS
 from foxhunt_obs.lib.settings import SETTINGS
 from foxhunt_obs.sandbox.alertmanager import ALERTMANAGER, AlertmanagerServer
 from foxhunt_obs.sandbox.prometheus import free_port
-from foxhunt_obs_tests.delivery.test_send import SlackStandIn, _unchained
+from foxhunt_obs_tests.delivery.test_send import _unchained
+from foxhunt_obs_tests.slack_standin import SlackStandIn
 
 SECRET = "whsec-do-not-log-0123456789"
 TOKEN = "xoxb-0000-1111-alert-token-do-not-log"
@@ -318,7 +320,7 @@ def test_slack_posts_one_message_per_notification(slack, caplog, capsys):
     start = datetime(2026, 11, 29, 13, 0, tzinfo=timezone.utc)
     a = note("fp-sl-a", starts_at=start, summary="GPU <idle> & cold", value=0.25)
     b = resolved(note("fp-sl-b", starts_at=start, rule="nan_loss"), at=start + timedelta(hours=1, minutes=20))
-    sink = SlackAlertSink("#gpu-costs", TOKEN, slack.url + "/api/")
+    sink = SlackAlertSink("#gpu-costs", slack_web_client(TOKEN, slack.url + "/api/"))
 
     sink.send([a, b])
 
@@ -338,7 +340,7 @@ def test_slack_posts_one_message_per_notification(slack, caplog, capsys):
 
 def test_slack_error_names_the_channel_not_the_token(slack, caplog):
     caplog.set_level(logging.DEBUG)
-    sink = SlackAlertSink("#no-such-channel", TOKEN, slack.url + "/api/")
+    sink = SlackAlertSink("#no-such-channel", slack_web_client(TOKEN, slack.url + "/api/"))
     with pytest.raises(AlertSinkError) as info:
         sink.send([note(), note("fp-2")])
     message = str(info.value)
@@ -347,7 +349,7 @@ def test_slack_error_names_the_channel_not_the_token(slack, caplog):
     assert "invite the bot" in message and len(slack.requests) == 1  # stops at the first refusal
     assert TOKEN not in message + caplog.text and _unchained(info.value)
     with pytest.raises(AlertSinkError, match="slack #x: SLACK_BOT_TOKEN is empty"):
-        SlackAlertSink("#x", " ", slack.url)
+        SlackAlertSink("#x", slack_web_client(" ", slack.url))  # and SLACK_BOT_TOKEN unset
 
 
 # -- the alerts table ----------------------------------------------------------------------------------------------
@@ -403,7 +405,12 @@ def test_lake_sink_leaves_an_unchanged_partition_alone(tmp_path):
 # -- configuration and deliver_all -------------------------------------------------------------------------------
 def test_sinks_from_env(tmp_path, monkeypatch):
     lake = Lake(tmp_path / "lake")
+
+    def no_client():
+        raise AssertionError("no Slack channel, so no Slack client either")
+
     assert [s.name for s in sinks_from_env(lake)] == ["lake"]
+    assert [s.name for s in sinks_from_env(lake, no_client)] == ["lake"]
 
     monkeypatch.setenv("FOXHUNT_ALERTMANAGER_URL", "http://am.example:9093/")
     monkeypatch.setenv("FOXHUNT_ALERT_SLACK_CHANNEL", "#alerts")
@@ -419,6 +426,9 @@ def test_sinks_from_env(tmp_path, monkeypatch):
     ]
     assert sinks[1].api_url == "https://slack.com/api/"
     assert TOKEN not in repr(sinks) and SECRET not in repr(sinks)
+    # the caller's client (the Dagster resource's) wins over the environment
+    own = slack_web_client("xoxb-from-the-resource", "http://slack.example/api/")
+    assert sinks_from_env(lake, lambda: own)[1].api_url == "http://slack.example/api/"
 
     monkeypatch.setenv("FOXHUNT_ALERT_WEBHOOK_SECRET", "")
     with pytest.raises(

@@ -1,5 +1,5 @@
 """Report delivery against real local servers: aiosmtpd (STARTTLS with a CA made here, AUTH) and a small
-HTTP stand-in of the Slack Web API. Secrets must reach neither a log nor an exception."""
+HTTP stand-in of the Slack Web API (foxhunt_obs_tests/slack_standin.py). Secrets must reach neither a log nor an exception."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ import ipaddress
 import json
 import logging
 import socket
-import threading
 import time
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from aiosmtpd.controller import Controller
@@ -25,9 +22,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from foxhunt_obs.lib.delivery import render_weekly_report
 from foxhunt_obs.lib.delivery.send import DeliveryError, deliver
+from foxhunt_obs.lib.delivery.slack_client import slack_web_client
 from foxhunt_obs.lib.delivery.weekly_report import money
 from foxhunt_obs.lib.settings import SETTINGS
 from foxhunt_obs_tests.delivery.test_weekly_report import PNG_SIGNATURE, WEEK, make_data
+from foxhunt_obs_tests.slack_standin import SlackStandIn
 
 PASSWORD = "s3cr3t-Pa55word-do-not-log"
 TOKEN = "xoxb-0000-1111-token-do-not-log"
@@ -307,73 +306,7 @@ def test_bad_configuration_is_refused_before_anything_is_sent(report, monkeypatc
         deliver(report, WEEK)
 
 
-# -- a stand-in of the Slack Web API ---------------------------------------------------------------------------
-class SlackStandIn:
-    CHANNELS = {"#gpu-costs": "C0GPUCOSTS"}
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        self.rate_limit_next = 0  # answer this many calls with HTTP 429 first
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                path = urllib.parse.urlsplit(self.path).path
-                kind = self.headers.get("Content-Type", "")
-                if kind.startswith("application/json"):
-                    params = json.loads(body)
-                elif kind.startswith("application/x-www-form-urlencoded"):
-                    params = dict(urllib.parse.parse_qsl(body.decode()))
-                else:
-                    params = {}
-                stand_in.requests.append(
-                    {"path": path, "headers": dict(self.headers), "params": params, "body": body}
-                )
-                if stand_in.rate_limit_next:
-                    stand_in.rate_limit_next -= 1
-                    self._answer({"ok": False, "error": "ratelimited"}, status=429, retry_after="0")
-                else:
-                    self._answer(stand_in.answer(path, params, len(body)))
-
-            def _answer(self, payload, status=200, retry_after=None):
-                data = json.dumps(payload).encode() if isinstance(payload, dict) else payload
-                self.send_response(status)
-                if retry_after is not None:
-                    self.send_header("Retry-After", retry_after)
-                kind = "application/json" if isinstance(payload, dict) else "text/plain"
-                self.send_header("Content-Type", f"{kind}; charset=utf-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def answer(self, path, params, length):
-        if path == "/api/chat.postMessage":
-            channel = self.CHANNELS.get(params.get("channel"))
-            if channel is None:
-                return {"ok": False, "error": "channel_not_found"}
-            return {"ok": True, "channel": channel, "ts": "1763337600.000100", "message": {}}
-        if path == "/api/files.getUploadURLExternal":
-            return {"ok": True, "upload_url": f"{self.url}/upload/v1/F0REPORT", "file_id": "F0REPORT"}
-        if path == "/upload/v1/F0REPORT":
-            return f"OK - {length}".encode()
-        if path == "/api/files.completeUploadExternal":
-            return {"ok": True, "files": [{"id": "F0REPORT", "title": "report"}]}
-        return {"ok": False, "error": "unknown_method"}
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
+# -- Slack, against the stand-in of its Web API ---------------------------------------------------------------
 @pytest.fixture
 def slack(monkeypatch):
     stand_in = SlackStandIn()
@@ -460,10 +393,24 @@ def test_a_failing_sink_does_not_stop_the_others(slack, report, monkeypatch):
     assert len(slack.requests) == 4
 
 
+def test_the_callers_slack_client_is_used(slack, report, monkeypatch):
+    monkeypatch.setenv("FOXHUNT_REPORT_SLACK_CHANNEL", "#gpu-costs")
+    monkeypatch.delenv("SLACK_BOT_TOKEN")  # the client brings its own token, as the Dagster resource's does
+    other = "xoxb-2222-from-the-caller"
+    assert deliver(report, WEEK, slack_client=lambda: slack_web_client(other, slack.url + "/api/")) == [
+        "slack #gpu-costs"
+    ]
+    assert {r["headers"].get("Authorization") for r in slack.requests} == {f"Bearer {other}", None}
+
+
 def test_nothing_configured_sends_nothing(slack, report, monkeypatch):
     # credentials and recipients alone switch nothing on: the SMTP host and the Slack channel do
     monkeypatch.setenv("FOXHUNT_REPORT_EMAIL_TO", "ops@foxhunt.test")
     monkeypatch.setenv("FOXHUNT_REPORT_SMTP_PASSWORD", PASSWORD)
     started = time.monotonic()
-    assert deliver(report, WEEK, link=LINK) == []
+
+    def no_client():
+        raise AssertionError("no Slack channel, so no Slack client either")
+
+    assert deliver(report, WEEK, link=LINK, slack_client=no_client) == []
     assert slack.requests == [] and time.monotonic() - started < 1.0

@@ -5,13 +5,21 @@ tick, the others never twice (lib/alerts/engine.py).
 
 Both sensors start RUNNING: they only read, and without FOXHUNT_ALERTMANAGER_URL / _SLACK_CHANNEL /
 _WEBHOOK_URL they write nothing but the `alerts` lake table. Turn them off in the UI (Automation).
+Slack goes through the `slack` resource (dagster-slack; defs/resources.py), asked for a client only when
+FOXHUNT_ALERT_SLACK_CHANNEL is set.
 """
 
 from datetime import datetime, timezone
 
 import dagster as dg
 
-from foxhunt_obs.defs.resources import AwsResource, LakeResource, MlflowResource, PrometheusResource
+from foxhunt_obs.defs.resources import (
+    AwsResource,
+    LakeResource,
+    MlflowResource,
+    PrometheusResource,
+    SlackBotResource,
+)
 from foxhunt_obs.lib.settings import csv_setting, env
 
 TICK_SECONDS = 60
@@ -48,6 +56,7 @@ def alert_sensor(
     prometheus: PrometheusResource,
     mlflow: MlflowResource,
     aws: AwsResource,
+    slack: SlackBotResource,
 ):
     from foxhunt_obs.lib.alerts.catalog import load_rules
     from foxhunt_obs.lib.alerts.engine import tick
@@ -57,7 +66,7 @@ def alert_sensor(
     cursor, report = tick(
         load_rules(),
         _sources(lake, prometheus, mlflow, aws),
-        sinks_from_env(store),
+        sinks_from_env(store, slack.get_client),
         context.cursor,
         datetime.now(timezone.utc),
         dagster_url=env("FOXHUNT_DAGSTER_URL"),
@@ -88,7 +97,7 @@ def alert_sensor(
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="A failed Dagster run (an ingest, a report) is an alert too: sent to the same sinks.",
 )
-def run_failure_alert(context: dg.RunFailureSensorContext):
+def run_failure_alert(context: dg.RunFailureSensorContext, slack: SlackBotResource):
     from foxhunt_obs.lib.delivery.alert_sinks import Notification, deliver_all, sinks_from_env
     from foxhunt_obs.lib.lake import Lake
 
@@ -108,7 +117,7 @@ def run_failure_alert(context: dg.RunFailureSensorContext):
         ends_at=None,
         generator_url=f"{env('FOXHUNT_DAGSTER_URL').rstrip('/')}/runs/{run.run_id}",
     )
-    results = deliver_all(sinks_from_env(Lake(env("FOXHUNT_LAKE"))), [note])
+    results = deliver_all(sinks_from_env(Lake(env("FOXHUNT_LAKE")), slack.get_client), [note])
     failed = {k: v for k, v in results.items() if v}
     if failed:
         raise RuntimeError(f"run failure alert for {run.run_id} not delivered: {failed}")

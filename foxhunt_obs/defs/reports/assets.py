@@ -11,7 +11,7 @@ import pyarrow as pa
 from foxhunt_obs.defs.costs.assets import costs_daily, costs_hourly
 from foxhunt_obs.defs.gpu.assets import gpu_hourly, node_samples
 from foxhunt_obs.defs.partitions import DAILY, WEEKLY, days_of
-from foxhunt_obs.defs.resources import LakeResource
+from foxhunt_obs.defs.resources import LakeResource, SlackBotResource
 from foxhunt_obs.defs.training.assets import training_metrics, training_runs
 from foxhunt_obs.lib.analysis.allocation import (
     CLUSTER_IDLE,
@@ -241,7 +241,7 @@ def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
         "self-contained HTML file with PNG charts, in the lake under reports/week=…/."
     ),
 )
-def weekly_cost_report(context: dg.AssetExecutionContext, lake: LakeResource):
+def weekly_cost_report(context: dg.AssetExecutionContext, lake: LakeResource, slack: SlackBotResource):
     # imported here: matplotlib costs ~1 s, which every code-location load would pay otherwise
     from foxhunt_obs.lib.analysis.weekly import weekly_report_data
     from foxhunt_obs.lib.delivery.send import DeliveryError, deliver
@@ -278,7 +278,7 @@ def weekly_cost_report(context: dg.AssetExecutionContext, lake: LakeResource):
     )
     # the report is in the lake whatever happens here: a failed sink fails the check, not the asset
     try:
-        sent, failures = deliver(report, week_start), {}
+        sent, failures = deliver(report, week_start, slack_client=slack.get_client), {}
     except DeliveryError as e:
         sent, failures = e.delivered, e.failures
         context.log.error(f"weekly_cost_report week={week_start}: delivery failed: {e}")

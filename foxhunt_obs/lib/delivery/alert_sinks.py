@@ -26,8 +26,9 @@ no one again). Alertmanager never re-opens a resolved alert from a re-sent resol
 from a later firing notification with the same labels, so a sender must never replay an old firing
 notification after its resolution.
 
-**Slack** (``slack_sdk``'s WebClient as in ``send.py``: ``SLACK_BOT_TOKEN``, scope ``chat:write``, the bot
-a member of the channel; ``FOXHUNT_REPORT_SLACK_API_URL``): one ``chat.postMessage`` per notification,
+**Slack** (a ``slack_sdk`` WebClient from the caller: in Dagster the ``slack`` resource's, else
+``slack_client.slack_web_client`` from ``SLACK_BOT_TOKEN`` and ``FOXHUNT_REPORT_SLACK_API_URL``; scope
+``chat:write``, the bot a member of the channel): one ``chat.postMessage`` per notification,
 🔥 firing / ✅ resolved, the summary, the labels, the value, a link into Dagster.
 
 **Webhook** (``FOXHUNT_ALERT_WEBHOOK_URL``, ``FOXHUNT_ALERT_WEBHOOK_SECRET``): ``POST`` of the JSON body
@@ -72,7 +73,7 @@ import re
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
@@ -81,9 +82,9 @@ import pyarrow as pa
 import requests
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
-from slack_sdk.http_retry import ConnectionErrorRetryHandler
 
-from foxhunt_obs.lib.delivery.send import SLACK_RETRIES, _CappedRateLimitRetry, _failure, _scrub
+from foxhunt_obs.lib.delivery.send import _failure, _scrub
+from foxhunt_obs.lib.delivery.slack_client import slack_web_client
 from foxhunt_obs.lib.lake import Lake, LakeError
 from foxhunt_obs.lib.schemas import ALERTS
 from foxhunt_obs.lib.settings import env
@@ -96,7 +97,6 @@ TIMEOUT = (3.05, 10.0)  # seconds: connect, read (one HTTP request)
 RETRIES = 2  # extra attempts after a connection error, a timeout or a 5xx
 BACKOFF_S = 0.5  # before retry n: BACKOFF_S * 2**(n-1)
 FIRING_TTL = timedelta(hours=24)  # a firing alert's endsAt in Alertmanager: now + this
-SLACK_TIMEOUT_S = 10
 WEBHOOK_VERSION = 1
 USER_AGENT = "foxhunt-obs alert sink"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -357,37 +357,27 @@ def slack_alert_text(n: Notification, now: datetime | None = None) -> str:
 
 
 class SlackAlertSink:
-    """One ``chat.postMessage`` per notification into ``channel`` (``#name`` or id)."""
+    """One ``chat.postMessage`` per notification into ``channel`` (``#name`` or id), through ``client``
+    (its token and base URL; see slack_client.slack_web_client)."""
 
     name = "slack"
 
-    def __init__(self, channel: str, token: str, api_url: str = "https://slack.com/api/"):
+    def __init__(self, channel: str, client: WebClient):
         self.channel = channel.strip()
         self.target = self.channel
-        self.api_url = api_url
-        if not token.strip():
+        self.api_url = client.base_url
+        if not client.token:
             raise AlertSinkError(self.name, self.channel, "SLACK_BOT_TOKEN is empty")
-        self._token = token.strip()
+        self._client = client
 
     def __repr__(self) -> str:
         return f"SlackAlertSink({self.channel!r}, api_url={self.api_url!r})"
-
-    def _client(self) -> WebClient:
-        return WebClient(
-            token=self._token,
-            base_url=self.api_url,
-            timeout=SLACK_TIMEOUT_S,
-            retry_handlers=[
-                ConnectionErrorRetryHandler(max_retry_count=SLACK_RETRIES),
-                _CappedRateLimitRetry(max_retry_count=SLACK_RETRIES),
-            ],
-        )
 
     def send(self, notifications: Sequence[Notification]) -> None:
         _check(notifications)
         if not notifications:
             return
-        client = self._client()
+        client = self._client
         now = datetime.now(timezone.utc)
         posted = 0
         for n in notifications:
@@ -405,12 +395,12 @@ class SlackAlertSink:
                     hint = " (check the channel name and invite the bot to the channel)"
                 elif error in ("invalid_auth", "not_authed", "token_revoked", "account_inactive"):
                     hint = " (check SLACK_BOT_TOKEN)"
-                message = f"chat.postMessage (via {self.api_url}) failed: {_scrub(error, self._token)}{hint}"
+                message = f"chat.postMessage (via {self.api_url}) failed: {_scrub(error, client.token)}{hint}"
                 raise AlertSinkError(
                     self.name, self.channel, message + self._progress(posted, notifications)
                 ) from None
             except Exception as exc:  # connection errors, timeouts, a bad answer
-                message = f"chat.postMessage (via {self.api_url}) failed: {_failure(exc, self._token)}"
+                message = f"chat.postMessage (via {self.api_url}) failed: {_failure(exc, client.token)}"
                 raise AlertSinkError(
                     self.name, self.channel, message + self._progress(posted, notifications)
                 ) from None
@@ -571,19 +561,19 @@ def dagster_link(path: str = "") -> str:
     return f"{base}/{path.lstrip('/')}" if path else base
 
 
-def sinks_from_env(lake: Lake) -> list:
+def sinks_from_env(lake: Lake, slack_client: Callable[[], WebClient] = slack_web_client) -> list:
     """The configured sinks, in delivery order: Alertmanager, Slack, webhook, then the lake (always).
-    Raises AlertSinkError for a half-configured sink (Slack channel without token, webhook without
-    secret, a URL that is not http(s)) before anything is sent."""
+    ``slack_client`` makes the Slack client (Dagster passes its ``slack`` resource's ``get_client``),
+    called only when FOXHUNT_ALERT_SLACK_CHANNEL is set. Raises AlertSinkError for a half-configured sink
+    (Slack channel without token, webhook without secret, a URL that is not http(s)) before anything is
+    sent."""
     sinks: list = []
     url = env("FOXHUNT_ALERTMANAGER_URL").strip()
     if url:
         sinks.append(AlertmanagerSink(_http_url("alertmanager", url, "FOXHUNT_ALERTMANAGER_URL")))
     channel = env("FOXHUNT_ALERT_SLACK_CHANNEL").strip()
     if channel:
-        sinks.append(
-            SlackAlertSink(channel, env("SLACK_BOT_TOKEN"), env("FOXHUNT_REPORT_SLACK_API_URL").strip())
-        )
+        sinks.append(SlackAlertSink(channel, slack_client()))
     url = env("FOXHUNT_ALERT_WEBHOOK_URL").strip()
     if url:
         url = _http_url("webhook", url, "FOXHUNT_ALERT_WEBHOOK_URL")

@@ -8,7 +8,8 @@ Both sinks are optional and configured from the environment (``FOXHUNT_REPORT_*`
   clients that strip ``data:`` images, the PNG charts and ``report.html`` as attachments. STARTTLS (verified
   against the system's CA store, so ``SSL_CERT_FILE`` is honoured) when configured, login only when a user
   is set, a timeout on every socket operation.
-* Slack (``slack_sdk``'s WebClient; bot scopes ``chat:write`` and ``files:write``, the bot a member of the
+* Slack (a ``slack_sdk`` WebClient from the caller: in Dagster the ``slack`` resource's, else
+  ``slack_client.slack_web_client``; bot scopes ``chat:write`` and ``files:write``, the bot a member of the
   channel): a short message with the headline figures, then the HTML page uploaded into that message's
   thread (``files_upload_v2``). Timeouts and bounded retries (connection errors, rate limits).
 
@@ -26,7 +27,7 @@ import logging
 import re
 import smtplib
 import ssl
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from email.message import EmailMessage
@@ -34,16 +35,14 @@ from email.utils import formataddr, formatdate, getaddresses, make_msgid
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
-from slack_sdk.http_retry import ConnectionErrorRetryHandler, RateLimitErrorRetryHandler
 
+from foxhunt_obs.lib.delivery.slack_client import slack_web_client
 from foxhunt_obs.lib.delivery.weekly_report import NO_VALUE, Report, money, pct
 from foxhunt_obs.lib.settings import env
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_S = 30.0  # one SMTP socket operation or one Slack HTTP request
-SLACK_RETRIES = 2  # extra attempts after a connection error or a 429
-SLACK_MAX_RETRY_AFTER_S = 30.0  # a longer Retry-After is cut to this
+TIMEOUT_S = 30.0  # one SMTP socket operation (Slack's: slack_client.TIMEOUT_S)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -81,8 +80,11 @@ class EmailConfig:
 @dataclass(frozen=True)
 class SlackConfig:
     channel: str
-    token: str = field(repr=False)
-    api_url: str
+    client: WebClient = field(repr=False)  # holds the token
+
+    @property
+    def api_url(self) -> str:
+        return self.client.base_url
 
 
 def _flag(name: str) -> bool:
@@ -139,27 +141,34 @@ def email_config() -> EmailConfig | None:
     )
 
 
-def slack_config() -> SlackConfig | None:
-    """The Slack settings, or None when FOXHUNT_REPORT_SLACK_CHANNEL is empty (no Slack)."""
+def slack_config(slack_client: Callable[[], WebClient] = slack_web_client) -> SlackConfig | None:
+    """The Slack settings, or None when FOXHUNT_REPORT_SLACK_CHANNEL is empty (no Slack, and no client
+    built). ``slack_client`` makes the client (Dagster passes its ``slack`` resource's ``get_client``)."""
     channel = env("FOXHUNT_REPORT_SLACK_CHANNEL").strip()
     if not channel:
         return None
-    token = env("SLACK_BOT_TOKEN").strip()
-    if not token:
+    client = slack_client()
+    if not client.token:
         raise DeliveryError({"slack": f"slack {channel}: SLACK_BOT_TOKEN is empty"})
-    return SlackConfig(channel=channel, token=token, api_url=env("FOXHUNT_REPORT_SLACK_API_URL").strip())
+    return SlackConfig(channel=channel, client=client)
 
 
 # -- the one entry point -----------------------------------------------------------------------------------
-def deliver(report: Report, week_start: date, link: str | None = None) -> list[str]:
+def deliver(
+    report: Report,
+    week_start: date,
+    link: str | None = None,
+    slack_client: Callable[[], WebClient] = slack_web_client,
+) -> list[str]:
     """Send the report to every configured sink; returns what was done ("email to a@b, c@d",
     "slack #costs"), [] when nothing is configured. link: an http(s) URL to the report (the Dagster UI),
-    added to the e-mail and the Slack message. Raises DeliveryError (configuration checked before anything
+    added to the e-mail and the Slack message. slack_client: makes the Slack client, called only when
+    FOXHUNT_REPORT_SLACK_CHANNEL is set. Raises DeliveryError (configuration checked before anything
     is sent; then every sink is tried and the failures are raised together)."""
     week = week_start.date() if isinstance(week_start, datetime) else week_start
     link = link if link and re.match(r"https?://", link) else None
     email = email_config()
-    slack = slack_config()
+    slack = slack_config(slack_client)
     done: list[str] = []
     failures: dict[str, str] = {}
     if email is not None:
@@ -312,37 +321,9 @@ def slack_text(report: Report, week_start: date, link: str | None = None) -> str
     return "\n".join(lines)
 
 
-class _CappedRateLimitRetry(RateLimitErrorRetryHandler):
-    """slack_sdk's 429 handler with its sleep (Slack's Retry-After) cut to SLACK_MAX_RETRY_AFTER_S."""
-
-    def prepare_for_next_attempt(self, *, state, request, response=None, error=None) -> None:
-        if response is None:
-            raise error  # type: ignore[misc]
-        value = next((v for k, v in response.headers.items() if k.lower() == "retry-after"), "1")
-        try:
-            wait = float(value[0] if isinstance(value, list) else value)
-        except (TypeError, ValueError, IndexError):
-            wait = 1.0
-        state.next_attempt_requested = True
-        time.sleep(min(max(wait, 0.0), SLACK_MAX_RETRY_AFTER_S))
-        state.increment_current_attempt()
-
-
-def _slack_client(config: SlackConfig) -> WebClient:
-    return WebClient(
-        token=config.token,
-        base_url=config.api_url,
-        timeout=int(TIMEOUT_S),
-        retry_handlers=[
-            ConnectionErrorRetryHandler(max_retry_count=SLACK_RETRIES),
-            _CappedRateLimitRetry(max_retry_count=SLACK_RETRIES),
-        ],
-    )
-
-
 def send_slack(report: Report, week_start: date, config: SlackConfig, link: str | None = None) -> str:
     """Post the headline to the channel and upload report.html into its thread; returns "slack #channel"."""
-    client = _slack_client(config)
+    client = config.client
     step = "chat.postMessage"
     try:
         posted = client.chat_postMessage(
@@ -369,11 +350,11 @@ def send_slack(report: Report, week_start: date, config: SlackConfig, link: str 
         elif error == "missing_scope":
             hint = " (the bot needs the chat:write and files:write scopes)"
         message = (
-            f"slack {config.channel} via {config.api_url}: {step} failed: {_scrub(error, config.token)}{hint}"
+            f"slack {config.channel} via {config.api_url}: {step} failed: {_scrub(error, client.token)}{hint}"
         )
         raise DeliveryError({"slack": message}) from None
     except Exception as exc:  # connection errors, timeouts, a failed upload (SlackRequestError), a bad answer
-        message = f"slack {config.channel} via {config.api_url}: {step} failed: {_failure(exc, config.token)}"
+        message = f"slack {config.channel} via {config.api_url}: {step} failed: {_failure(exc, client.token)}"
         raise DeliveryError({"slack": message}) from None
     done = f"slack {config.channel}"
     log.info("weekly report: %s (message %s, report.html in its thread)", done, posted["ts"])

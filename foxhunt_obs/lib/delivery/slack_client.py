@@ -1,0 +1,51 @@
+"""The one place a Slack Web API client is built: the Dagster ``slack`` resource (defs/resources.py) and
+the plain-Python callers (the CLI, tests) both call ``slack_web_client``, so every Slack call has the same
+base URL handling, timeout and bounded retries.
+
+No Dagster here (lib/ never imports it): the resource passes its own token and base URL in.
+"""
+
+from __future__ import annotations
+
+import time
+
+from slack_sdk import WebClient
+from slack_sdk.http_retry import ConnectionErrorRetryHandler, RateLimitErrorRetryHandler
+
+from foxhunt_obs.lib.settings import env
+
+# one HTTP request; an alert sensor tick (60 s) must survive a hanging Slack plus the retries
+TIMEOUT_S = 10
+RETRIES = 2  # extra attempts after a connection error or a 429
+MAX_RETRY_AFTER_S = 30.0  # a longer Retry-After is cut to this
+
+
+class CappedRateLimitRetry(RateLimitErrorRetryHandler):
+    """slack_sdk's 429 handler with its sleep (Slack's Retry-After) cut to MAX_RETRY_AFTER_S."""
+
+    def prepare_for_next_attempt(self, *, state, request, response=None, error=None) -> None:
+        if response is None:
+            raise error  # type: ignore[misc]
+        value = next((v for k, v in response.headers.items() if k.lower() == "retry-after"), "1")
+        try:
+            wait = float(value[0] if isinstance(value, list) else value)
+        except (TypeError, ValueError, IndexError):
+            wait = 1.0
+        state.next_attempt_requested = True
+        time.sleep(min(max(wait, 0.0), MAX_RETRY_AFTER_S))
+        state.increment_current_attempt()
+
+
+def slack_web_client(token: str = "", api_url: str = "") -> WebClient:
+    """A WebClient with the timeout and the retry handlers. An empty ``token`` is read from SLACK_BOT_TOKEN,
+    an empty ``api_url`` from FOXHUNT_REPORT_SLACK_API_URL (default Slack's), both now, not at import.
+    The token may come out empty: the sinks check ``client.token`` and name the missing setting."""
+    return WebClient(
+        token=token.strip() or env("SLACK_BOT_TOKEN").strip(),
+        base_url=api_url.strip() or env("FOXHUNT_REPORT_SLACK_API_URL").strip(),
+        timeout=TIMEOUT_S,
+        retry_handlers=[
+            ConnectionErrorRetryHandler(max_retry_count=RETRIES),
+            CappedRateLimitRetry(max_retry_count=RETRIES),
+        ],
+    )

@@ -1,0 +1,175 @@
+"""The ``slack`` resource (dagster-slack's SlackResource) as the project's Definitions build it: both alert
+sensors deliver through it to the local Slack stand-in, with the token and API URL read from the
+environment when they run; without Slack configured the code location loads and the sensors still run.
+
+The alert sensor evaluates for real: a Prometheus stand-in answers one stalled pod, and a rules file
+(FOXHUNT_ALERT_RULES) leaves only gpu_training_stall on, firing at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import pytest
+import yaml
+
+from foxhunt_obs.definitions import defs
+from foxhunt_obs.defs.resources import SlackBotResource
+from foxhunt_obs.lib.alerts.catalog import load_rules
+from foxhunt_obs.lib.lake import Lake
+from foxhunt_obs.sandbox.prometheus import free_port
+from foxhunt_obs_tests.slack_standin import SlackStandIn
+
+TOKEN = "xoxb-0000-3333-resource-token-do-not-log"
+CHANNEL = "#gpu-costs"  # a channel the stand-in knows
+
+
+class PrometheusStandIn:
+    """Answers every instant query with one pod: 0 (its utilization) or 8 for a ``count by`` (its GPUs)."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("query", [""])[0]
+                value = "8" if query.startswith("count by") else "0"
+                sample = {"metric": {"namespace": "rl", "pod": "ppo-a-0"}, "value": [0, value]}
+                data = json.dumps(
+                    {"status": "success", "data": {"resultType": "vector", "result": [sample]}}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def lake(tmp_path, monkeypatch):
+    """A clean environment: no Slack, no other sink, a temp lake, Prometheus stand-in, one rule on."""
+    for name in list(os.environ):
+        if name.startswith(("FOXHUNT_", "SLACK_", "MLFLOW_", "AWS_")):
+            monkeypatch.delenv(name)
+    prometheus = PrometheusStandIn()
+    rules = {r.id: {"enabled": False} for r in load_rules(overrides="")}
+    rules["gpu_training_stall"] = {"for": "0s"}
+    overrides = tmp_path / "rules.yaml"
+    overrides.write_text(yaml.safe_dump({"rules": rules}))
+    monkeypatch.setenv("FOXHUNT_ALERT_RULES", str(overrides))
+    monkeypatch.setenv("FOXHUNT_PROMETHEUS_URL", prometheus.url)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # no rule reads it
+    monkeypatch.setenv("FOXHUNT_LAKE", str(tmp_path / "lake"))
+    yield Lake(str(tmp_path / "lake"))
+    prometheus.close()
+
+
+@pytest.fixture
+def slack():
+    stand_in = SlackStandIn()
+    yield stand_in
+    stand_in.close()
+
+
+def _alert_tick(definitions: dg.Definitions, resources=None):
+    resources = resources or definitions.resources
+    with dg.build_sensor_context(resources=resources, instance=dg.DagsterInstance.ephemeral()) as context:
+        return definitions.resolve_sensor_def("alert_sensor")(context)
+
+
+def _fail_a_run(definitions: dg.Definitions, resources=None):
+    """run_failure_alert, handed a real failed run as the daemon would."""
+    instance = dg.DagsterInstance.ephemeral()
+
+    @dg.op
+    def broken():
+        raise RuntimeError("the node went away")
+
+    @dg.job
+    def ingest_job():
+        broken()
+
+    result = ingest_job.execute_in_process(instance=instance, raise_on_error=False)
+    context = dg.build_run_status_sensor_context(
+        sensor_name="run_failure_alert",
+        dagster_event=result.get_run_failure_event(),
+        dagster_instance=instance,
+        dagster_run=result.dagster_run,
+        resources=resources or definitions.resources,
+    ).for_run_failure()
+    definitions.resolve_sensor_def("run_failure_alert")(context)
+    return result.dagster_run
+
+
+def test_the_definitions_register_the_slack_resource():
+    resource = defs().resources["slack"]
+    assert isinstance(resource, SlackBotResource)
+    # nothing captured at load time: SLACK_BOT_TOKEN is read when a client is built
+    assert resource.token == ""
+
+
+def test_the_alert_sensors_deliver_through_the_slack_resource(lake, slack, monkeypatch, caplog):
+    definitions = defs()  # loaded before Slack is configured: the resource reads the environment late
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+    monkeypatch.setenv("FOXHUNT_REPORT_SLACK_API_URL", slack.url + "/api/")
+    monkeypatch.setenv("FOXHUNT_ALERT_SLACK_CHANNEL", CHANNEL)
+
+    result = _alert_tick(definitions)
+
+    assert "1 notified" in result.skip_message
+    [post] = slack.requests
+    assert post["path"] == "/api/chat.postMessage" and post["params"]["channel"] == CHANNEL
+    assert post["params"]["text"].startswith("🔥 *CRITICAL* `gpu_training_stall` — Training stalled: ppo-a-0")
+    assert post["headers"]["Authorization"] == f"Bearer {TOKEN}"
+    [row] = lake.query("SELECT rule, status, sent_to FROM alerts").to_pylist()
+    assert row == {"rule": "gpu_training_stall", "status": "firing", "sent_to": "slack"}
+
+    run = _fail_a_run(definitions)
+
+    failed = slack.requests[-1]["params"]
+    assert len(slack.requests) == 2 and failed["channel"] == CHANNEL
+    assert failed["text"].startswith("🔥 *WARNING* `dagster_run_failed` — Dagster run of ingest_job failed")
+    assert f"`run_id={run.run_id}`" in failed["text"] and "Steps failed: ['broken']" in failed["text"]
+    assert TOKEN not in caplog.text
+
+
+def test_the_sensors_use_the_resource_they_are_given(lake, slack, monkeypatch):
+    # no SLACK_BOT_TOKEN: only the resource's own token and base_url can reach the stand-in
+    monkeypatch.setenv("FOXHUNT_ALERT_SLACK_CHANNEL", CHANNEL)
+    definitions = defs()
+    own = SlackBotResource(token="xoxb-4444-configured", base_url=slack.url + "/api/")
+    resources = {**definitions.resources, "slack": own}
+
+    assert "1 notified" in _alert_tick(definitions, resources).skip_message
+    _fail_a_run(definitions, resources)
+
+    assert [r["path"] for r in slack.requests] == ["/api/chat.postMessage"] * 2
+    assert {r["headers"]["Authorization"] for r in slack.requests} == {"Bearer xoxb-4444-configured"}
+
+
+def test_without_slack_the_definitions_load_and_the_sensors_still_run(lake):
+    definitions = defs()
+    assert definitions.resources["slack"].get_client().token == ""
+
+    result = _alert_tick(definitions)
+
+    assert "1 notified" in result.skip_message  # to the lake alone
+    _fail_a_run(definitions)  # raises if a sink refused
+    rows = lake.query("SELECT rule, sent_to FROM alerts ORDER BY rule").to_pylist()
+    assert rows == [
+        {"rule": "dagster_run_failed", "sent_to": ""},
+        {"rule": "gpu_training_stall", "sent_to": ""},
+    ]
