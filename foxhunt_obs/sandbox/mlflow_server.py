@@ -23,13 +23,15 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from foxhunt_obs.sandbox.cache import build_once
-from foxhunt_obs.sandbox.prometheus import SandboxError, _alive, _kill_group, _tail, free_port
+from foxhunt_obs.sandbox.local_server import (
+    LocalServer,
+    alive,
+    http_ok,
+    kill_group,
+)
 from foxhunt_obs.sandbox.scenario import Scenario, load_scenario
 from foxhunt_obs.sandbox.training import log_scenario
 
@@ -37,61 +39,18 @@ RUN_IDS = "run_ids.json"
 STATE_FILE = "mlflow.json"
 
 
-def _healthy(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def _group_stats(pgid: int) -> dict[int, list[str]]:
-    """pid -> /proc/<pid>/stat fields after the name (state ppid pgrp ...) of every live process in
-    the group."""
-    out = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out[int(stat.parent.name)] = fields
-    return out
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Live (not zombie) processes of the group, e.g. the server and its uvicorn worker."""
-    return sorted(_group_stats(pgid))
-
-
-def group_rss_bytes(pgid: int) -> int:
-    """Resident memory of every process in the group, summed (Linux /proc)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    return sum(int(f[21]) * page for f in _group_stats(pgid).values())  # rss: field 24 of stat
-
-
-class MlflowServer:
+class MlflowServer(LocalServer):
     """``mlflow server`` on the SQLite store in ``store_dir`` (``mlflow.db``, ``artifacts/``), listening on
     127.0.0.1 only, one worker, job execution off. Logs to ``workdir/mlflow.log``."""
 
+    label = "MLflow server"
+    log_name = "mlflow.log"
+    poll_s = 0.2
+    start_timeout_s = 60.0
+
     def __init__(self, store_dir: Path, port: int = 0, workdir: Path | None = None):
+        super().__init__(port, workdir)
         self.store_dir = Path(store_dir).resolve()
-        self.port = port
-        self.workdir = Path(workdir) if workdir else None
-        self.process: subprocess.Popen | None = None
-        self.started_in: float | None = None  # seconds from Popen to a healthy /health
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "mlflow.log"
 
     def command(self) -> list[str]:
         return [
@@ -111,57 +70,17 @@ class MlflowServer:
             "1",
         ]
 
-    def start(self, timeout: float = 60.0) -> MlflowServer:
-        if self.process:
-            raise SandboxError("MLflow server already started")
-        self.workdir = self.workdir or Path(tempfile.mkdtemp(prefix="foxhunt-mlflow-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    def prepare(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        t0 = time.monotonic()
-        with self.log_path.open("ab") as log:
-            # own process group, so stop() can take the uvicorn worker down with it (DESIGN §8)
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.workdir,
-                env=env,
-                start_new_session=True,
-            )
-        deadline = t0 + timeout
-        while not _healthy(self.url, timeout=1.0):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                why = (
-                    f"exited with {self.process.returncode}"
-                    if self.process.poll() is not None
-                    else f"not healthy after {timeout:g} s"
-                )
-                self.stop()
-                raise SandboxError(
-                    f"MLflow server on {self.url} (store {self.store_dir}) {why}; "
-                    f"log tail:\n{_tail(self.log_path)}"
-                )
-            time.sleep(0.2)
-        self.started_in = time.monotonic() - t0
-        return self
 
-    def rss_bytes(self) -> int:
-        return group_rss_bytes(self.pid) if self.process else 0
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if not self.process:
-            return
-        _kill_group(self.process.pid, timeout, self.process)
-        self.process = None
+    def ready(self, timeout: float) -> bool:
+        return http_ok(f"{self.url}/health", timeout)
 
-    def __enter__(self) -> MlflowServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def describe(self) -> str:
+        return f"{self.label} on {self.url} (store {self.store_dir})"
 
 
 def store_path(scenario: Scenario, cache_root: Path) -> Path:
@@ -238,8 +157,8 @@ def down_mlflow(state_dir: Path) -> None:
     if state:
         pid = state.get("pid")
         process = _DETACHED.pop(pid, None)
-        if pid and _alive(pid):
-            _kill_group(pid, 10.0, process)
+        if pid and alive(pid):
+            kill_group(pid, 10.0, process)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     shutil.rmtree(state_dir / "run" / "mlflow", ignore_errors=True)
     (state_dir / "run" / "mlflow.log").unlink(missing_ok=True)
@@ -248,6 +167,6 @@ def down_mlflow(state_dir: Path) -> None:
 def mlflow_status(state_dir: Path) -> dict | None:
     """The recorded state if its server is alive and healthy, else None."""
     state = _state(state_dir)
-    if state and _alive(state["pid"]) and _healthy(state["url"]):
+    if state and alive(state["pid"]) and http_ok(f"{state['url']}/health"):
         return state
     return None

@@ -32,7 +32,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -45,8 +44,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from foxhunt_obs.sandbox import bills
-from foxhunt_obs.sandbox.mlflow_server import group_pids, group_rss_bytes
-from foxhunt_obs.sandbox.prometheus import SandboxError, _alive, _kill_group, _tail, free_port
+from foxhunt_obs.sandbox.local_server import (
+    LocalServer,
+    SandboxError,
+    alive,
+    http_ok,
+    kill_group,
+)
 from foxhunt_obs.sandbox.scenario import Scenario, load_scenario
 
 STATE_FILE = "moto.json"
@@ -71,96 +75,28 @@ def moto_script() -> Path:
     return script
 
 
-def _ready(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/moto-api/", timeout=timeout) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-class MotoServer:
+class MotoServer(LocalServer):
     """``moto_server -H 127.0.0.1 -p PORT`` in its own process group, logging to ``workdir/moto.log``.
     ``account_id`` (MOTO_ACCOUNT_ID) is the account every request acts in; None: moto's default."""
 
+    label = "moto server"
+    log_name = "moto.log"
+
     def __init__(self, port: int = 0, workdir: Path | None = None, account_id: str | None = None):
-        self.port = port
-        self.workdir = Path(workdir) if workdir else None
+        super().__init__(port, workdir)
         self.account_id = account_id
-        self.process: subprocess.Popen | None = None
-        self.started_in: float | None = None  # seconds from Popen to a ready server
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "moto.log"
 
     def command(self) -> list[str]:
         return [str(moto_script()), "-H", "127.0.0.1", "-p", str(self.port)]
 
-    def start(self, timeout: float = 30.0) -> MotoServer:
-        if self.process:
-            raise SandboxError("moto server already started")
-        if not moto_script().exists():
-            raise SandboxError(
-                f"no moto_server next to {sys.executable}: install the dev extra (pip install -e '.[dev]', "
-                "moto[server])"
-            )
-        self.workdir = self.workdir or Path(tempfile.mkdtemp(prefix="foxhunt-moto-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
-        env = dict(os.environ)
-        if self.account_id:
-            env["MOTO_ACCOUNT_ID"] = self.account_id
-        t0 = time.monotonic()
-        with self.log_path.open("ab") as log:
-            # own process group, so stop() takes down whatever it forks (DESIGN §8)
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.workdir,
-                env=env,
-                start_new_session=True,
-            )
-        while not _ready(self.url, timeout=1.0):
-            if self.process.poll() is not None or time.monotonic() > t0 + timeout:
-                why = (
-                    f"exited with {self.process.returncode}"
-                    if self.process.poll() is not None
-                    else f"not ready after {timeout:g} s"
-                )
-                self.stop()
-                raise SandboxError(f"moto server on {self.url} {why}; log tail:\n{_tail(self.log_path)}")
-            time.sleep(0.05)
-        self.started_in = time.monotonic() - t0
-        return self
+    def prepare(self) -> None:
+        moto_script()  # a clear error when moto[server] is not installed
 
-    def rss_bytes(self) -> int:
-        return group_rss_bytes(self.pid) if self.process else 0
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "MOTO_ACCOUNT_ID": self.account_id} if self.account_id else dict(os.environ)
 
-    def pids(self) -> list[int]:
-        return group_pids(self.pid) if self.process else []
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if not self.process:
-            return
-        _kill_group(self.process.pid, timeout, self.process)
-        self.process = None
-
-    def __enter__(self) -> MotoServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def ready(self, timeout: float) -> bool:
+        return http_ok(f"{self.url}/moto-api/", timeout)
 
 
 # ---- seeding ----
@@ -528,8 +464,8 @@ def down_moto(state_dir: Path) -> None:
     if state:
         pid = state.get("pid")
         process = _DETACHED.pop(pid, None)
-        if pid and _alive(pid):
-            _kill_group(pid, 10.0, process)
+        if pid and alive(pid):
+            kill_group(pid, 10.0, process)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     (state_dir / "run" / "moto.log").unlink(missing_ok=True)
 
@@ -537,6 +473,6 @@ def down_moto(state_dir: Path) -> None:
 def moto_status(state_dir: Path) -> dict | None:
     """The recorded state if its server is alive and answering, else None."""
     state = _state(state_dir)
-    if state and _alive(state["pid"]) and _ready(state["url"]):
+    if state and alive(state["pid"]) and http_ok(f"{state['url']}/moto-api/"):
         return state
     return None

@@ -10,31 +10,31 @@ the cached TSDB (``copy_tsdb``) and the cache stays pristine.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from foxhunt_obs.sandbox.cache import build_once
+from foxhunt_obs.sandbox.local_server import (
+    LocalServer,
+    SandboxError,
+    alive,
+    free_port,
+    http_ok,
+    kill_group,
+    tail,
+)
 from foxhunt_obs.sandbox.openmetrics import write_blocks
 from foxhunt_obs.sandbox.scenario import Scenario, load_scenario
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
-
-
-class SandboxError(RuntimeError):
-    pass
 
 
 RECORDING_RULES = (
@@ -117,28 +117,7 @@ def copy_tsdb(src: Path, dst: Path) -> Path:
     return Path(dst)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ready(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/-/ready", timeout=timeout) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def _tail(path: Path, chars: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return "(no log)"
-
-
-class PrometheusServer:
+class PrometheusServer(LocalServer):
     """/usr/bin/prometheus on ``tsdb_dir``, listening on 127.0.0.1 only, with no scrape jobs.
 
     ``scrape_jobs`` (job name -> targets) are scraped every ``scrape_interval``; ``rule_files`` are
@@ -147,6 +126,10 @@ class PrometheusServer:
     that ends (pod gone, node lost) keeps answering plain selectors for the 5-minute look-back; the
     ingest asks for ``last_over_time(x[step])`` and so does not depend on staleness.
     """
+
+    label = "Prometheus"
+    log_name = "prometheus.log"
+    poll_s = 0.1
 
     def __init__(
         self,
@@ -158,79 +141,33 @@ class PrometheusServer:
         scrape_interval: str = "15s",
         rule_files: tuple[Path, ...] = (),
     ):
+        super().__init__(port, workdir)
         self.extra_args = tuple(extra_args)
         self.scrape_jobs = scrape_jobs or {}
         self.scrape_interval = scrape_interval
         self.rule_files = tuple(Path(p).resolve() for p in rule_files)
-        self.tsdb_dir = Path(tsdb_dir)
-        self.port = port
-        self.workdir = Path(workdir) if workdir else None
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "prometheus.log"
+        self.tsdb_dir = Path(tsdb_dir).resolve()
 
     def _config(self) -> str:
         return _config_text(self.scrape_interval, self.scrape_jobs, self.rule_files)
 
-    def start(self, timeout: float = 30.0) -> PrometheusServer:
-        if self.process:
-            raise SandboxError("Prometheus already started")
-        self.workdir = self.workdir or Path(tempfile.mkdtemp(prefix="foxhunt-prometheus-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
-        config = self.workdir / "prometheus.yml"
-        config.write_text(self._config())
-        cmd = [
+    def prepare(self) -> None:
+        (self.workdir / "prometheus.yml").write_text(self._config())
+
+    def command(self) -> list[str]:
+        return [
             PROMETHEUS,
-            f"--config.file={config}",
+            f"--config.file={self.workdir / 'prometheus.yml'}",
             f"--storage.tsdb.path={self.tsdb_dir}",
             f"--web.listen-address=127.0.0.1:{self.port}",
             # the default 15d would delete backfilled blocks older than that on startup
             "--storage.tsdb.retention.time=100y",
             "--web.enable-lifecycle",
+            *self.extra_args,
         ]
-        cmd += self.extra_args
-        with self.log_path.open("ab") as log:
-            # own process group, so stop() can take the whole group down (DESIGN §8)
-            self.process = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout
-        while not _ready(self.url, timeout=1.0):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                why = (
-                    f"exited with {self.process.returncode}"
-                    if self.process.poll() is not None
-                    else "not ready"
-                )
-                self.stop()
-                raise SandboxError(
-                    f"Prometheus on {self.url} {why} after start; log tail:\n{_tail(self.log_path)}"
-                )
-            time.sleep(0.1)
-        return self
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if not self.process:
-            return
-        _kill_group(self.process.pid, timeout, self.process)
-        self.process = None
-
-    def __enter__(self) -> PrometheusServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def ready(self, timeout: float) -> bool:
+        return http_ok(f"{self.url}/-/ready", timeout)
 
 
 def _config_text(scrape_interval: str, scrape_jobs: dict[str, list[str]], rule_files) -> str:
@@ -244,46 +181,6 @@ def _config_text(scrape_interval: str, scrape_jobs: dict[str, list[str]], rule_f
         ],
     }
     return json.dumps(config, indent=2) + "\n"  # JSON is YAML
-
-
-def _kill_group(pgid: int, timeout: float, process: subprocess.Popen | None = None) -> None:
-    """SIGTERM the process group, SIGKILL it after ``timeout``; reap our child if it is one."""
-
-    def gone() -> bool:
-        if process is not None and process.poll() is None:
-            return False
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        return _zombie(pgid)  # a leader that exited but was not reaped by its (other) parent
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + timeout
-        while not gone() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if gone():
-            return
-    raise SandboxError(f"process group {pgid} survived SIGKILL")
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _zombie(pid)
 
 
 # ---- one detached server per state directory (demo, CLI) ----
@@ -324,7 +221,7 @@ def start_fake_exporter(
         if process.poll() is not None:
             raise SandboxError(
                 f"foxhunt-gpu-exporter exited with {process.returncode} (is exporter/ installed? "
-                f"pip install -e ./exporter): {_tail(Path(workdir) / 'exporter.log')}"
+                f"pip install -e ./exporter): {tail(Path(workdir) / 'exporter.log')}"
             )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
@@ -332,10 +229,8 @@ def start_fake_exporter(
                     return process
         except OSError:
             time.sleep(0.1)
-    _kill_group(process.pid, 5.0, process)
-    raise SandboxError(
-        f"foxhunt-gpu-exporter not healthy after 20 s: {_tail(Path(workdir) / 'exporter.log')}"
-    )
+    kill_group(process.pid, 5.0, process)
+    raise SandboxError(f"foxhunt-gpu-exporter not healthy after 20 s: {tail(Path(workdir) / 'exporter.log')}")
 
 
 def up(
@@ -368,7 +263,7 @@ def up(
             rule_files=(RECORDING_RULES,),
         ).start()
     except BaseException:
-        _kill_group(exporter.pid, 5.0, _DETACHED.pop(exporter.pid))
+        kill_group(exporter.pid, 5.0, _DETACHED.pop(exporter.pid))
         raise
     _DETACHED[server.pid] = server.process
     state = {
@@ -407,8 +302,8 @@ def down(state_dir: Path) -> None:
         for key in ("pid", "exporter_pid"):
             pid = state.get(key)
             process = _DETACHED.pop(pid, None)
-            if pid and _alive(pid):
-                _kill_group(pid, 10.0, process)
+            if pid and alive(pid):
+                kill_group(pid, 10.0, process)
     (state_dir / "sandbox.json").unlink(missing_ok=True)
     shutil.rmtree(state_dir / "run", ignore_errors=True)
 
@@ -416,6 +311,6 @@ def down(state_dir: Path) -> None:
 def status(state_dir: Path) -> dict | None:
     """The recorded state if its Prometheus is alive and ready, else None."""
     state = _state(state_dir)
-    if state and _alive(state["pid"]) and _ready(state["url"]):
+    if state and alive(state["pid"]) and http_ok(f"{state['url']}/-/ready"):
         return state
     return None

@@ -57,7 +57,7 @@ def test_a_sink_that_is_down_gets_it_later_and_the_others_only_once(tmp_path):
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from foxhunt_obs.lib.delivery.alert_sinks import WebhookSink
-    from foxhunt_obs.sandbox.prometheus import free_port
+    from foxhunt_obs.sandbox.local_server import free_port
 
     received = []
 

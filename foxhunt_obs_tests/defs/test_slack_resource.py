@@ -21,7 +21,7 @@ from foxhunt_obs.definitions import defs
 from foxhunt_obs.defs.resources import SlackBotResource
 from foxhunt_obs.lib.alerts.catalog import load_rules
 from foxhunt_obs.lib.lake import Lake
-from foxhunt_obs.sandbox.prometheus import free_port
+from foxhunt_obs.sandbox.local_server import free_port
 from foxhunt_obs_tests.slack_standin import SlackStandIn
 
 TOKEN = "xoxb-0000-3333-resource-token-do-not-log"

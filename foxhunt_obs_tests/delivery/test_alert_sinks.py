@@ -35,7 +35,7 @@ from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import ALERTS
 from foxhunt_obs.lib.settings import SETTINGS
 from foxhunt_obs.sandbox.alertmanager import ALERTMANAGER, AlertmanagerServer
-from foxhunt_obs.sandbox.prometheus import free_port
+from foxhunt_obs.sandbox.local_server import free_port
 from foxhunt_obs_tests.delivery.test_send import _unchained
 from foxhunt_obs_tests.slack_standin import SlackStandIn
 

@@ -8,7 +8,8 @@ import pytest
 
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient, PrometheusError
 from foxhunt_obs.sandbox import truth
-from foxhunt_obs.sandbox.prometheus import PrometheusServer, copy_tsdb, free_port
+from foxhunt_obs.sandbox.local_server import free_port
+from foxhunt_obs.sandbox.prometheus import PrometheusServer, copy_tsdb
 
 UTIL = "last_over_time(DCGM_FI_DEV_GPU_UTIL[14999ms])"
 
@@ -58,7 +59,9 @@ def test_too_many_points_names_url_query_window_step_and_prometheus_error(small,
 
 def test_too_many_samples_is_a_422_with_a_hint(small, small_tsdb, tmp_path):
     copy_tsdb(small_tsdb, tmp_path / "tsdb")
-    with PrometheusServer(tmp_path / "tsdb", workdir=tmp_path, extra_args=("--query.max-samples=50",)) as prom:
+    with PrometheusServer(
+        tmp_path / "tsdb", workdir=tmp_path, extra_args=("--query.max-samples=50",)
+    ) as prom:
         client = PrometheusClient(prom.url)
         with pytest.raises(PrometheusError) as e:
             client.query_range(UTIL, small.start.timestamp(), small.start.timestamp() + 3600, 15)

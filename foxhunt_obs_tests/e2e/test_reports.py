@@ -181,7 +181,7 @@ def test_the_report_is_mailed_when_smtp_is_configured(reported, monkeypatch):
 
     from aiosmtpd.controller import Controller
 
-    from foxhunt_obs.sandbox.prometheus import free_port
+    from foxhunt_obs.sandbox.local_server import free_port
 
     lake, results = reported
     assert (

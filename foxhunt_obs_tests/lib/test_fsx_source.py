@@ -24,7 +24,7 @@ from foxhunt_obs.lib.sources.fsx import (
     FsxSourceError,
     load_metric_list,
 )
-from foxhunt_obs.sandbox.prometheus import free_port
+from foxhunt_obs.sandbox.local_server import free_port
 
 # A region of its own: moto's backends are process-global and other modules run moto servers too.
 REGION = "ap-southeast-2"

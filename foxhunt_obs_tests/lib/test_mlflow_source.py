@@ -19,8 +19,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 from foxhunt_obs.lib.sources.mlflow import HISTORY_PAGE, MlflowRun, MlflowSource, MlflowSourceError
+from foxhunt_obs.sandbox.local_server import free_port
 from foxhunt_obs.sandbox.mlflow_server import MlflowServer
-from foxhunt_obs.sandbox.prometheus import free_port
 
 T0 = 1_764_000_000_000  # ms, 2025-11-24
 BIG = HISTORY_PAGE + 500  # one key longer than a get-history page (and than get-history-bulk's cut)

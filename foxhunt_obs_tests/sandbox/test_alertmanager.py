@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from foxhunt_obs.sandbox.alertmanager import ALERTMANAGER, AlertmanagerServer
-from foxhunt_obs.sandbox.mlflow_server import group_pids
-from foxhunt_obs.sandbox.prometheus import SandboxError, _alive, free_port
+from foxhunt_obs.sandbox.local_server import SandboxError, alive, free_port, group_pids
 
 pytestmark = pytest.mark.skipif(
     not Path(ALERTMANAGER).is_file(), reason=f"{ALERTMANAGER} is missing (`make install` installs it)"
@@ -57,7 +56,7 @@ def test_runs_on_loopback_with_its_own_storage_and_no_gossip(tmp_path):
         assert group_pids(pgid) == [am.pid]
         with pytest.raises(SandboxError, match="already started"):
             am.start()
-    assert am.process is None and not _alive(pgid) and group_pids(pgid) == []
+    assert am.process is None and not alive(pgid) and group_pids(pgid) == []
     am.stop()  # stopping twice is fine
 
 

@@ -21,6 +21,7 @@ import yaml
 
 from foxhunt_obs.lib.sources.aws import ce_service_name
 from foxhunt_obs.sandbox import bills, truth
+from foxhunt_obs.sandbox.local_server import alive
 from foxhunt_obs.sandbox.moto_server import (
     CUR_BUCKET,
     CUR_SCHEMA,
@@ -33,7 +34,6 @@ from foxhunt_obs.sandbox.moto_server import (
     seed,
     up_moto,
 )
-from foxhunt_obs.sandbox.prometheus import _alive
 from foxhunt_obs.sandbox.scenario import SCENARIO_DIR, ScenarioError, load_scenario, parse_scenario
 
 UTC = timezone.utc
@@ -593,7 +593,7 @@ def test_up_status_down_leave_nothing(tmp_path):
     state = up_moto("small", tmp_path)
     pid = state["pid"]
     try:
-        assert _alive(pid) and moto_status(tmp_path) == state
+        assert alive(pid) and moto_status(tmp_path) == state
         assert json.loads((tmp_path / "moto.json").read_text())["pid"] == pid
         assert Path(state["log"]) == tmp_path / "run" / "moto.log" and Path(state["log"]).exists()
         assert state["fsx_ids"] and state["started_in"] < 30 and state["rss_bytes"] > 0
@@ -601,7 +601,7 @@ def test_up_status_down_leave_nothing(tmp_path):
         assert [f["FileSystemId"] for f in fs] == list(state["fsx_ids"].values())
     finally:
         down_moto(tmp_path)
-    assert not _alive(pid) and not Path(f"/proc/{pid}").exists()
+    assert not alive(pid) and not Path(f"/proc/{pid}").exists()
     assert moto_status(tmp_path) is None and not (tmp_path / "moto.json").exists()
     assert not (tmp_path / "run" / "moto.log").exists() and other.read_text() == "keep me"
     down_moto(tmp_path)  # fine when nothing runs

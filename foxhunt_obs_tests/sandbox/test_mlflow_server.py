@@ -18,9 +18,10 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
-from foxhunt_obs.sandbox import mlflow_server, training
+from foxhunt_obs.sandbox import local_server, mlflow_server, training
 from foxhunt_obs.sandbox.cache import COMPLETE
-from foxhunt_obs.sandbox.mlflow_server import MlflowServer, SandboxError, build_store, copy_store
+from foxhunt_obs.sandbox.local_server import SandboxError
+from foxhunt_obs.sandbox.mlflow_server import MlflowServer, build_store, copy_store
 from foxhunt_obs.sandbox.scenario import load_scenario
 
 
@@ -125,7 +126,7 @@ def test_start_failure_shows_the_log(tmp_path, monkeypatch):
 def test_up_status_down(cache, tmp_path, small):
     state = tmp_path / "state"
     shutil.copytree(cache[0], state / "cache")  # up_mlflow reuses the module's build
-    info = mlflow_server.up_mlflow("small", state, port=mlflow_server.free_port())
+    info = mlflow_server.up_mlflow("small", state, port=local_server.free_port())
     try:
         assert json.loads((state / "mlflow.json").read_text()) == info
         assert info["store"] == str(state / "run" / "mlflow") and info["scenario"] == "small"
@@ -144,12 +145,12 @@ def test_stop_takes_the_process_group_down(server):
     """Runs last: stops the module's server (the fixture's own stop is then a no-op)."""
     pgid, url = server.pid, server.url
     assert os.getpgid(pgid) == pgid  # its own session and group
-    pids = mlflow_server.group_pids(pgid)
+    pids = local_server.group_pids(pgid)
     assert len(pids) >= 2  # `mlflow server` and its uvicorn worker
     assert 100e6 < server.rss_bytes() < 2e9
     server.stop()
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
-    assert mlflow_server.group_pids(pgid) == []
+    assert local_server.group_pids(pgid) == []
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{url}/health", timeout=2)
