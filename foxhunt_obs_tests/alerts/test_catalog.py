@@ -159,6 +159,19 @@ def test_bad_overrides_name_the_file_and_the_rule(tmp_path, overrides, rule, mes
     assert path in str(err.value) and rule in str(err.value)
 
 
+def test_an_edited_overrides_file_is_read_again(tmp_path):
+    """load_rules parses once per version of the files (the sensor asks every tick), not once for all."""
+    path = write(tmp_path, "o.yaml", "rules:\n  gpu_overheat: {thresholds: {temp_max_celsius: 80}}\n")
+    assert by_id(load_rules(overrides=path))["gpu_overheat"].thresholds["temp_max_celsius"] == 80
+    assert load_rules(overrides=path) == load_rules(overrides=path)
+    write(tmp_path, "o.yaml", "rules:\n  gpu_overheat: {thresholds: {temp_max_celsius: 90}, for: 1m}\n")
+    changed = by_id(load_rules(overrides=path))["gpu_overheat"]
+    assert (changed.thresholds["temp_max_celsius"], changed.for_seconds) == (90, 60)
+    (tmp_path / "o.yaml").unlink()
+    with pytest.raises(RuleCatalogError, match="o.yaml"):  # a file gone is an error, not the old rules
+        load_rules(overrides=path)
+
+
 def test_unreadable_overrides(tmp_path):
     with pytest.raises(RuleCatalogError, match="missing.yaml"):
         load_rules(overrides=tmp_path / "missing.yaml")

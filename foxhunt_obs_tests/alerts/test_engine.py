@@ -99,3 +99,51 @@ def test_a_sink_that_is_down_gets_it_later_and_the_others_only_once(tmp_path):
             assert json.loads(cursor)["took"] == {}  # every sink took it: nothing pending
     finally:
         hook.shutdown()
+
+
+def test_a_tick_past_its_budget_leaves_the_other_sinks_for_the_next_tick(tmp_path):
+    """A slow sink uses up the tick's budget: the sinks after it are not tried (the cursor must be saved
+    before Dagster's deadline), get the transition on the next tick, and the slow one never twice."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from foxhunt_obs.lib.delivery.alert_sinks import WebhookSink
+
+    received = []
+
+    class SlowHook(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            time.sleep(0.5)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):  # quiet test server
+            pass
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), SlowHook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    rules = load_rules(overrides="")
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    finding = Finding(
+        "gpu_overheat", {"node": "ip-1", "gpu": "3", "uuid": "GPU-3"}, 91.0, now - timedelta(minutes=6), {}
+    )
+    state, _ = alert_state.step(alert_state.loads(None), {"gpu_overheat"}, [finding], now, rules=rules)
+    cursor = alert_state.dumps(state)  # firing, not yet notified
+    try:
+        with AlertmanagerServer(workdir=tmp_path) as am:
+            sinks = [
+                WebhookSink(f"http://127.0.0.1:{hook.server_port}/hook", "s3cret"),
+                AlertmanagerSink(am.url),
+            ]
+            cursor, report = tick(rules, Sources(), sinks, cursor, now, budget_s=0.2)
+            assert len(received) == 1 and report.sent == [] and report.refreshed == 0
+            assert report.failed == {"alertmanager": "not tried: the tick ran past its 0.2 s budget"}
+            assert am.alerts(active=True) == []
+            cursor, report = tick(rules, Sources(), sinks, cursor, now + timedelta(minutes=1), budget_s=0.2)
+            assert report.failed == {} and [n.rule for n in report.sent] == ["gpu_overheat"]
+            assert [a["labels"]["alertname"] for a in am.alerts(active=True)] == ["gpu_overheat"]
+            assert len(received) == 1 and json.loads(cursor)["took"] == {}
+    finally:
+        hook.shutdown()

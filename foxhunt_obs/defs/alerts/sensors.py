@@ -23,6 +23,10 @@ from foxhunt_obs.defs.resources import (
 from foxhunt_obs.lib.settings import csv_setting, env
 
 TICK_SECONDS = 60
+# Dagster gives up on a sensor evaluation after 60 s (DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS), and then the
+# cursor is not saved: sinks that took a transition would get it again. So no sink is started after
+# 15 s; the slowest one (~41 s: 3 attempts of 3 s connect + 10 s read) still ends inside the 60.
+DELIVERY_BUDGET_S = 15.0
 
 
 def _sources(lake: LakeResource, prometheus: PrometheusResource, mlflow: MlflowResource, aws: AwsResource):
@@ -70,6 +74,7 @@ def alert_sensor(
         context.cursor,
         datetime.now(timezone.utc),
         dagster_url=env("FOXHUNT_DAGSTER_URL"),
+        budget_s=DELIVERY_BUDGET_S,
     )
     if report.note:
         context.log.warning(f"alert state: {report.note}")

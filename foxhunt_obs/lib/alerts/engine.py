@@ -5,6 +5,7 @@ and the scenario replay both call `tick`."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from urllib.parse import quote
@@ -67,10 +68,14 @@ def tick(
     cursor: str | None,
     now: datetime,
     dagster_url: str = "http://127.0.0.1:3000",
+    budget_s: float | None = None,
 ) -> tuple[str, TickReport]:
     """Returns the new cursor and what happened. Each sink gets each transition until it accepts it,
     and then never again; a transition leaves the cursor once every sink took it (a sink that is down
-    gets it on a later tick, the others are not sent it twice)."""
+    gets it on a later tick, the others are not sent it twice). With `budget_s`, a sink not yet tried
+    when the tick has run that long is left for the next tick: the cursor must be returned (and saved)
+    before the caller's own deadline, or sinks that took a transition would be sent it again."""
+    started = time.monotonic()
     state_cursor, took = _load(cursor)
     state = alert_state.loads(state_cursor)
     report = TickReport(note=state.note or "")
@@ -86,9 +91,16 @@ def tick(
     keys = [_key(n) for n in notes]
     took = {k: took.get(k, []) for k in keys}  # transitions gone from the state are forgotten
     names = [sink.name for sink in sinks]
+
+    def out_of_time() -> bool:
+        return budget_s is not None and time.monotonic() - started > budget_s
+
     for sink in sinks:
         todo = [n for n, k in zip(notes, keys) if sink.name not in took[k]]
         if not todo:
+            continue
+        if out_of_time():
+            report.failed[sink.name] = f"not tried: the tick ran past its {budget_s:g} s budget"
             continue
         if isinstance(sink, LakeAlertSink):  # the table records where each transition went
             sent_to = sorted({name for n in todo for name in took[_key(n)]} - {sink.name})
@@ -103,7 +115,8 @@ def tick(
     done = [t for t, k in zip(transitions, keys) if set(names) <= set(took[k])]
     state = alert_state.acknowledge(state, done)
     report.sent = [n for n, k in zip(notes, keys) if set(names) <= set(took[k])]
-    report.refreshed = _refresh_alertmanager(sinks, state, by_id, report.sent, dagster_url)
+    if not out_of_time():
+        report.refreshed = _refresh_alertmanager(sinks, state, by_id, report.sent, dagster_url)
     pending = {k: v for k, v in took.items() if not set(names) <= set(v)}
     return json.dumps({"state": alert_state.dumps(state), "took": pending}, separators=(",", ":")), report
 

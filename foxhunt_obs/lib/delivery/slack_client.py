@@ -17,7 +17,9 @@ from foxhunt_obs.lib.settings import env
 # one HTTP request; an alert sensor tick (60 s) must survive a hanging Slack plus the retries
 TIMEOUT_S = 10
 RETRIES = 2  # extra attempts after a connection error or a 429
-MAX_RETRY_AFTER_S = 30.0  # a longer Retry-After is cut to this
+# a longer Retry-After is cut to this: a sensor tick must end inside Dagster's 60 s (sensors.py), and
+# a sink that gave up is tried again next tick anyway
+MAX_RETRY_AFTER_S = 10.0
 
 
 class CappedRateLimitRetry(RateLimitErrorRetryHandler):
