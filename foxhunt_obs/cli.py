@@ -352,9 +352,12 @@ def weekly_summary(week: str) -> str:
     )
 
 
-def alerts_replay(info: dict, state_dir: Path, start: datetime, end: datetime, every_s: int = 600) -> str:
+def alerts_replay(
+    info: dict, state_dir: Path, start: datetime, end: datetime, every_s: int = 600
+) -> tuple[str, bool]:
     """The alert sensor's code replayed over [start, end] as if it had ticked every `every_s` seconds,
-    notifying a local Alertmanager and the alerts table; what arrived, in order. The tick at `end` sees
+    notifying a local Alertmanager and the alerts table: what arrived, in order, and whether every
+    incident the scenario injected there was found (sandbox/expected_alerts.py). The tick at `end` sees
     the last day's costs complete (a cost spike the day before resolves there)."""
     from foxhunt_obs.lib.alerts.catalog import load_rules
     from foxhunt_obs.lib.alerts.collect import Sources
@@ -366,7 +369,9 @@ def alerts_replay(info: dict, state_dir: Path, start: datetime, end: datetime, e
     from foxhunt_obs.lib.sources.fsx import FsxSource
     from foxhunt_obs.lib.sources.mlflow import MlflowSource
     from foxhunt_obs.lib.sources.prometheus import PrometheusClient
+    from foxhunt_obs.sandbox import expected_alerts
     from foxhunt_obs.sandbox.alertmanager import AlertmanagerServer
+    from foxhunt_obs.sandbox.scenario import load_scenario
 
     aws = AwsConfig(region_name=env("AWS_REGION"))
     lake = Lake(env("FOXHUNT_LAKE"))
@@ -399,7 +404,22 @@ def alerts_replay(info: dict, state_dir: Path, start: datetime, end: datetime, e
         + (", ".join(sorted(a["labels"]["alertname"] for a in active)) or "none")
         + ")"
     )
-    return "\n".join(lines)
+    verdict = expected_alerts.check(
+        expected_alerts.expected(load_scenario(info["scenario"])), sent, start, sent[-1][0] if sent else end
+    )
+    lines.append(
+        f"  Injected incidents found: {len(verdict.found)} of {len(verdict.found) + len(verdict.missed)} "
+        "(each fired once after it began and resolved once after it ended, or still fires)"
+    )
+    lines += [f"  MISSED {e.rule} for {e.what}: {why}" for e, why in verdict.missed]
+    if verdict.other:
+        lines.append(
+            "  Also fired (no injected incident; by the scenario's design): "
+            + ", ".join(
+                sorted({f"{n.rule} {expected_alerts.ident(n.rule, n.labels)}" for _, n in verdict.other})
+            )
+        )
+    return "\n".join(lines), verdict.ok
 
 
 def _demo(args) -> int:
@@ -448,7 +468,10 @@ def _demo(args) -> int:
             print()
             print(weekly_summary(week.strftime("%Y-%m-%d")))
         print()
-        print(alerts_replay(info, args.state_dir, day_start, end))
+        text, found_all = alerts_replay(info, args.state_dir, day_start, end)
+        print(text)
+        if not found_all:
+            return 1
     finally:
         if not args.keep:
             sandbox.down(args.state_dir)

@@ -18,6 +18,7 @@ from foxhunt_obs.lib.sources.aws import AwsConfig
 from foxhunt_obs.lib.sources.fsx import FsxSource
 from foxhunt_obs.lib.sources.mlflow import MlflowSource
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
+from foxhunt_obs.sandbox import expected_alerts
 from foxhunt_obs.sandbox.alertmanager import AlertmanagerServer
 from foxhunt_obs.sandbox.mlflow_server import MlflowServer, copy_store
 from foxhunt_obs.sandbox.moto_server import MotoServer, seed
@@ -124,6 +125,18 @@ def test_every_incident_fires_once_and_resolves_once(replayed):
             if r0 is not None:
                 resolved_at = next(ticks)
                 assert at(r0) <= resolved_at <= at(r1), (rule, who, resolved_at)
+
+
+def test_the_scenario_itself_says_what_must_fire(small, replayed):
+    """expected_alerts derives the same story from the scenario file (what make demo checks on the
+    default scenario): all 11 incidents found, and only the low-utilization pods besides."""
+    sent, _, _, _ = replayed
+    verdict = expected_alerts.check(expected_alerts.expected(small), sent, small.start, sent[-1][0])
+    assert verdict.ok, verdict.missed
+    assert len(verdict.found) == 11 == len(EXPECTED) - 3
+    assert sorted({(n.rule, ident(n)) for _, n in verdict.other}) == sorted(
+        (rule, who) for rule, who, *_ in EXPECTED if rule == "gpu_underutilized"
+    )
 
 
 def test_notifications_carry_their_story(replayed):
