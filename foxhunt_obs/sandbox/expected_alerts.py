@@ -32,10 +32,10 @@ class Expected:
 
 def ident(rule: str, labels: dict[str, str]) -> str:
     """The label that says whom an alert is about: node/gpu for ECC and XID errors, else the run, the
-    pod, the file system or the project; '' for cluster-wide alerts (gpu_node_missing)."""
+    pod, the file system, the project or the budget; '' for cluster-wide alerts (gpu_node_missing)."""
     if rule in ("ecc_errors", "xid_errors"):
         return f"{labels.get('node', '')}/{labels.get('gpu', '')}"
-    for key in ("run_name", "pod", "file_system_name", "project"):
+    for key in ("run_name", "pod", "file_system_name", "project", "budget_name"):
         if labels.get(key):
             return labels[key]
     return ""

@@ -70,4 +70,5 @@ def test_ident():
     assert ident("ecc_errors", {"node": "n1", "gpu": "3", "pod": "p"}) == "n1/3"
     assert ident("nan_loss", {"run_name": "r", "pod": "p"}) == "r"
     assert ident("cost_spike", {"project": "foxhunt-rl"}) == "foxhunt-rl"
+    assert ident("budget_burn", {"budget_name": "foxhunt-monthly"}) == "foxhunt-monthly"
     assert ident("gpu_node_missing", {}) == ""
