@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 
@@ -109,7 +110,7 @@ def group_rss_bytes(pgid: int) -> int:
     return sum(int(f[21]) * page for f in _group_stats(pgid).values())  # rss: field 24 of stat
 
 
-class LocalServer:
+class LocalServer(ABC):
     """A server on 127.0.0.1:``port`` (0: a free one) in its own process group, run in ``workdir`` (a
     temp dir when None) and logging to ``workdir/<log_name>``. Subclasses give ``command()`` and
     ``ready()``, and may override ``prepare()`` (config files, checks; called with the port known) and
@@ -138,13 +139,15 @@ class LocalServer:
     def log_path(self) -> Path:
         return self.workdir / self.log_name
 
+    @abstractmethod
     def command(self) -> list[str]:
-        raise NotImplementedError
+        """The server's argv (the port and workdir are set)."""
 
+    @abstractmethod
     def ready(self, timeout: float) -> bool:
-        raise NotImplementedError
+        """Whether the server answers its readiness probe."""
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027 - optional: most servers need nothing prepared
         """Before the process starts (workdir and port are set)."""
 
     def env(self) -> dict[str, str] | None:
