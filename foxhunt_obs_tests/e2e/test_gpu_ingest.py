@@ -231,7 +231,9 @@ def test_prometheus_stopped_mid_run_fails_clearly_and_keeps_written_partitions(
     message = _failure(result)
     assert own_prometheus.url in message and "query_range" in message and "step 15s" in message
     assert "gpu_samples partition 2026-11-16T0" in message
-    assert "cannot connect" in message or "connection lost mid-answer" in message
+    # stopped between two queries, mid-answer, or in its first milliseconds of shutting down (it then
+    # answers 422 "block is closing" before it stops listening)
+    assert any(s in message for s in ("cannot connect", "connection lost mid-answer", "shutting down"))
     for k in keys:  # every partition still readable, and exactly as it was
         assert files[k].read_bytes() == before[k], k
     assert not list(Path(lake.root).rglob("*.tmp-*"))

@@ -105,3 +105,22 @@ def test_a_truncated_answer_is_an_error():
     body = _body([{"metric": {"g": "0"}, "values": [[1, "2"], [2, "3"]]}])
     with pytest.raises(ValueError, match="truncated"):
         parse_matrix(body[: len(body) // 2 + 20])
+
+
+@pytest.mark.parametrize(
+    "error, hint",
+    [
+        ("query processing would load too many samples into memory", "too many samples or a timeout"),
+        ("open querier for block 01M8: open index reader: block is closing", "Prometheus is shutting down"),
+    ],
+)
+def test_a_422_says_what_it_means(error, hint):
+    import requests
+
+    from foxhunt_obs.lib.sources.prometheus import _describe
+
+    r = requests.Response()
+    r.status_code = 422
+    r._content = json.dumps({"status": "error", "errorType": "execution", "error": error}).encode()
+    text = _describe(r)
+    assert text.startswith(f"HTTP 422 execution: {error}") and f"({hint}" in text

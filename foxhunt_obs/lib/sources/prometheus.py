@@ -301,4 +301,6 @@ def _describe(r: requests.Response) -> str:
     except ValueError:
         text = r.text[:300]
     hint = _HINTS.get(r.status_code)
+    if r.status_code == 422 and "is closing" in text:  # a stopping Prometheus closes its blocks first
+        hint = "Prometheus is shutting down"
     return f"HTTP {r.status_code} {text}" + (f" ({hint})" if hint else "")
