@@ -1,8 +1,12 @@
 """The tick's Alertmanager refresh against a real Alertmanager: a firing alert is re-posted every tick
 (as Prometheus does), so it never expires there while it fires, and nobody is notified twice."""
 
+import json
+import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -12,8 +16,9 @@ from foxhunt_obs.lib.alerts.catalog import load_rules
 from foxhunt_obs.lib.alerts.collect import Sources
 from foxhunt_obs.lib.alerts.engine import tick
 from foxhunt_obs.lib.alerts.evaluate import Finding
-from foxhunt_obs.lib.delivery.alert_sinks import AlertmanagerSink
+from foxhunt_obs.lib.delivery.alert_sinks import AlertmanagerSink, WebhookSink
 from foxhunt_obs.sandbox.alertmanager import ALERTMANAGER, AlertmanagerServer
+from foxhunt_obs.sandbox.local_server import free_port
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -23,14 +28,49 @@ pytestmark = [
 ]
 
 
+def _overheating(now: datetime) -> Finding:
+    return Finding(
+        "gpu_overheat", {"node": "ip-1", "gpu": "3", "uuid": "GPU-3"}, 91.0, now - timedelta(minutes=6), {}
+    )
+
+
+def _unnotified_cursor(rules, now: datetime) -> str:
+    """A cursor holding gpu_overheat firing, not yet notified."""
+    state, _ = alert_state.step(
+        alert_state.loads(None), {"gpu_overheat"}, [_overheating(now)], now, rules=rules
+    )
+    return alert_state.dumps(state)
+
+
+@contextmanager
+def _webhook(delay_s: float = 0.0):
+    """A local HTTP receiver: yields (url, the JSON bodies it received); answers 200 after `delay_s`."""
+    received = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            time.sleep(delay_s)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):  # quiet test server
+            pass
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{hook.server_port}/hook", received
+    finally:
+        hook.shutdown()
+        hook.server_close()
+
+
 def test_firing_alerts_are_refreshed_every_tick(tmp_path):
     rules = load_rules(overrides="")
     now = datetime.now(timezone.utc).replace(microsecond=0)
-    finding = Finding(
-        "gpu_overheat", {"node": "ip-1", "gpu": "3", "uuid": "GPU-3"}, 91.0, now - timedelta(minutes=6), {}
-    )
     state, transitions = alert_state.step(
-        alert_state.loads(None), {"gpu_overheat"}, [finding], now, rules=rules
+        alert_state.loads(None), {"gpu_overheat"}, [_overheating(now)], now, rules=rules
     )
     assert [t.kind for t in transitions] == ["firing"]
     cursor = alert_state.dumps(alert_state.acknowledge(state, transitions))  # notified on an earlier tick
@@ -52,39 +92,12 @@ def test_firing_alerts_are_refreshed_every_tick(tmp_path):
 def test_a_sink_that_is_down_gets_it_later_and_the_others_only_once(tmp_path):
     """Per-sink acknowledgement: while Alertmanager is down the webhook receives the firing once; when
     Alertmanager is back it gets it on the next tick; then the transition leaves the cursor."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from foxhunt_obs.lib.delivery.alert_sinks import WebhookSink
-    from foxhunt_obs.sandbox.local_server import free_port
-
-    received = []
-
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self):
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):  # quiet test server
-            pass
-
-    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
     rules = load_rules(overrides="")
     now = datetime.now(timezone.utc).replace(microsecond=0)
-    finding = Finding(
-        "gpu_overheat", {"node": "ip-1", "gpu": "3", "uuid": "GPU-3"}, 91.0, now - timedelta(minutes=6), {}
-    )
-    state, _ = alert_state.step(alert_state.loads(None), {"gpu_overheat"}, [finding], now, rules=rules)
-    cursor = alert_state.dumps(state)  # firing, not yet notified
+    cursor = _unnotified_cursor(rules, now)
     port = free_port()
-    sinks = [
-        AlertmanagerSink(f"http://127.0.0.1:{port}"),
-        WebhookSink(f"http://127.0.0.1:{hook.server_port}/hook", "s3cret"),
-    ]
-    try:
+    with _webhook() as (url, received):
+        sinks = [AlertmanagerSink(f"http://127.0.0.1:{port}"), WebhookSink(url, "s3cret")]
         cursor, report = tick(rules, Sources(), sinks, cursor, now)
         assert set(report.failed) == {"alertmanager"} and report.sent == [] and len(received) == 1
         cursor, report = tick(rules, Sources(), sinks, cursor, now + timedelta(minutes=1))
@@ -97,53 +110,21 @@ def test_a_sink_that_is_down_gets_it_later_and_the_others_only_once(tmp_path):
             assert [a["labels"]["alertname"] for a in am.alerts(active=True)] == ["gpu_overheat"]
             assert len(received) == 1
             assert json.loads(cursor)["took"] == {}  # every sink took it: nothing pending
-    finally:
-        hook.shutdown()
 
 
 def test_a_tick_past_its_budget_leaves_the_other_sinks_for_the_next_tick(tmp_path):
     """A slow sink uses up the tick's budget: the sinks after it are not tried (the cursor must be saved
     before Dagster's deadline), get the transition on the next tick, and the slow one never twice."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from foxhunt_obs.lib.delivery.alert_sinks import WebhookSink
-
-    received = []
-
-    class SlowHook(BaseHTTPRequestHandler):
-        def do_POST(self):
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            time.sleep(0.5)
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):  # quiet test server
-            pass
-
-    hook = ThreadingHTTPServer(("127.0.0.1", 0), SlowHook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
     rules = load_rules(overrides="")
     now = datetime.now(timezone.utc).replace(microsecond=0)
-    finding = Finding(
-        "gpu_overheat", {"node": "ip-1", "gpu": "3", "uuid": "GPU-3"}, 91.0, now - timedelta(minutes=6), {}
-    )
-    state, _ = alert_state.step(alert_state.loads(None), {"gpu_overheat"}, [finding], now, rules=rules)
-    cursor = alert_state.dumps(state)  # firing, not yet notified
-    try:
-        with AlertmanagerServer(workdir=tmp_path) as am:
-            sinks = [
-                WebhookSink(f"http://127.0.0.1:{hook.server_port}/hook", "s3cret"),
-                AlertmanagerSink(am.url),
-            ]
-            cursor, report = tick(rules, Sources(), sinks, cursor, now, budget_s=0.2)
-            assert len(received) == 1 and report.sent == [] and report.refreshed == 0
-            assert report.failed == {"alertmanager": "not tried: the tick ran past its 0.2 s budget"}
-            assert am.alerts(active=True) == []
-            cursor, report = tick(rules, Sources(), sinks, cursor, now + timedelta(minutes=1), budget_s=0.2)
-            assert report.failed == {} and [n.rule for n in report.sent] == ["gpu_overheat"]
-            assert [a["labels"]["alertname"] for a in am.alerts(active=True)] == ["gpu_overheat"]
-            assert len(received) == 1 and json.loads(cursor)["took"] == {}
-    finally:
-        hook.shutdown()
+    cursor = _unnotified_cursor(rules, now)
+    with _webhook(delay_s=0.5) as (url, received), AlertmanagerServer(workdir=tmp_path) as am:
+        sinks = [WebhookSink(url, "s3cret"), AlertmanagerSink(am.url)]
+        cursor, report = tick(rules, Sources(), sinks, cursor, now, budget_s=0.2)
+        assert len(received) == 1 and report.sent == [] and report.refreshed == 0
+        assert report.failed == {"alertmanager": "not tried: the tick ran past its 0.2 s budget"}
+        assert am.alerts(active=True) == []
+        cursor, report = tick(rules, Sources(), sinks, cursor, now + timedelta(minutes=1), budget_s=0.2)
+        assert report.failed == {} and [n.rule for n in report.sent] == ["gpu_overheat"]
+        assert [a["labels"]["alertname"] for a in am.alerts(active=True)] == ["gpu_overheat"]
+        assert len(received) == 1 and json.loads(cursor)["took"] == {}
