@@ -8,6 +8,7 @@ says its command, its ready probe and what to prepare before it starts.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -108,6 +109,14 @@ def group_rss_bytes(pgid: int) -> int:
     """Resident memory of every process in the group, summed (Linux /proc)."""
     page = os.sysconf("SC_PAGE_SIZE")
     return sum(int(f[21]) * page for f in _group_stats(pgid).values())  # rss: field 24 of stat
+
+
+def read_state(path: Path) -> dict | None:
+    """A detached server's recorded state (JSON), or None when there is none or it is unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class LocalServer(ABC):

@@ -31,6 +31,7 @@ from foxhunt_obs.sandbox.local_server import (
     alive,
     http_ok,
     kill_group,
+    read_state,
 )
 from foxhunt_obs.sandbox.scenario import Scenario, load_scenario
 from foxhunt_obs.sandbox.training import log_scenario
@@ -143,10 +144,7 @@ def up_mlflow(scenario_name: str, state_dir: Path, port: int = 0) -> dict:
 
 
 def _state(state_dir: Path) -> dict | None:
-    try:
-        return json.loads((Path(state_dir) / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_state(Path(state_dir) / STATE_FILE)
 
 
 def down_mlflow(state_dir: Path) -> None:

@@ -50,6 +50,7 @@ from foxhunt_obs.sandbox.local_server import (
     alive,
     http_ok,
     kill_group,
+    read_state,
 )
 from foxhunt_obs.sandbox.scenario import Scenario, load_scenario
 
@@ -450,10 +451,7 @@ def up_moto(
 
 
 def _state(state_dir: Path) -> dict | None:
-    try:
-        return json.loads((Path(state_dir) / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_state(Path(state_dir) / STATE_FILE)
 
 
 def down_moto(state_dir: Path) -> None:

@@ -28,6 +28,7 @@ from foxhunt_obs.sandbox.local_server import (
     free_port,
     http_ok,
     kill_group,
+    read_state,
     tail,
 )
 from foxhunt_obs.sandbox.openmetrics import write_blocks
@@ -283,10 +284,7 @@ def up(
 
 
 def _state(state_dir: Path) -> dict | None:
-    try:
-        return json.loads((Path(state_dir) / "sandbox.json").read_text())
-    except (OSError, ValueError):
-        return None
+    return read_state(Path(state_dir) / "sandbox.json")
 
 
 def down(state_dir: Path) -> None:
