@@ -133,7 +133,8 @@ def export_rules(out: Path) -> list[Path]:
     from foxhunt_obs.lib.analysis.recording_rules import recording_rules, render
     from foxhunt_obs.lib.settings import Settings
 
-    rules = recording_rules(load_catalog(), Settings.from_env().node_labels)
+    settings = Settings.from_env()
+    rules = recording_rules(load_catalog(), settings.node_labels, settings.exporter_containers)
     manifest = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",

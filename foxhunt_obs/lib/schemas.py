@@ -54,6 +54,17 @@ GPU_SAMPLES = TableSpec(
             ("nvlink_bandwidth_total", pa.float64()),
             ("gr_engine_active", pa.float64()),  # ratio 0-1, when profiling metrics are on
             ("step_seconds", pa.float64()),  # the query step: each row stands for this many seconds
+            # MIG: a slice is a row of its own (GPU_I_ID, GPU_I_PROFILE; null/'' for a whole GPU) and a
+            # gpu_share of its GPU (3g.40gb on an H100: 3/7). Device-level values (temperature, power,
+            # clocks, energy) on a slice's rows are its GPU's: weigh them by gpu_share when summing.
+            ("gpu_instance", pa.int32()),
+            ("gpu_profile", LABEL),
+            ("gpu_share", pa.float64()),
+            ("util_basis", LABEL),  # the source name util came from (a slice: GR_ENGINE_ACTIVE); '' none
+            ("mem_reserved_bytes", pa.float64()),
+            ("rows_remapped_uncorrectable_total", pa.float64()),  # counter
+            ("rows_remapped_correctable_total", pa.float64()),  # counter
+            ("row_remap_failure", pa.float64()),  # 1 = a row remap failed (the GPU needs a reset)
         ]
     ),
 )
@@ -99,7 +110,7 @@ GPU_HOURLY = TableSpec(
             ("seconds_with_data", pa.float64()),
             ("util_mean", pa.float64()),
             ("util_p95", pa.float64()),
-            ("active_gpu_seconds", pa.float64()),  # sum(util * step)
+            ("active_gpu_seconds", pa.float64()),  # sum(util * step) * gpu_share; NULL: util unknown
             ("held_seconds", pa.float64()),  # seconds a pod held the GPU
             ("energy_kwh", pa.float64()),
             ("temp_max_celsius", pa.float64()),
@@ -107,6 +118,13 @@ GPU_HOURLY = TableSpec(
             ("mem_used_max_bytes", pa.float64()),
             ("ecc_sbe_delta", pa.float64()),
             ("ecc_dbe_delta", pa.float64()),
+            # MIG: one row per slice-hour (gpu_instance null for a whole GPU); active_gpu_seconds and
+            # energy_kwh are already weighed by gpu_share, the *_seconds columns are wall-clock seconds.
+            ("gpu_instance", pa.int32()),
+            ("gpu_profile", pa.string()),
+            ("gpu_share", pa.float64()),
+            ("util_basis", pa.string()),  # the util source (a slice: DCGM_FI_PROF_GR_ENGINE_ACTIVE)
+            ("activity_seconds", pa.float64()),  # seconds with a util value; the rest is unknown activity
         ]
     ),
 )
@@ -296,7 +314,8 @@ COST_ALLOCATION = TableSpec(
         "Per GPU-hour (kind gpu): its node's cost for the hour ÷ GPUs reporting, charged to the holder pod's "
         "experiment for the share of the hour held (allocated_usd), the rest cluster idle (unallocated_usd). "
         "Plus the day's bill lines on no node-hour: kind tagged (to their Experiment tag) or shared (by "
-        "GPU-hours held), and node_without_gpus. Per day, allocated + unallocated = the bill."
+        "GPU-hours held), node_without_gpus, and mig_unsliced (a MIG GPU's part no slice covers). A MIG "
+        "slice is a row with its share of its GPU's cost. Per day, allocated + unallocated = the bill."
     ),
     schema=pa.schema(
         [
@@ -310,14 +329,18 @@ COST_ALLOCATION = TableSpec(
             ("kind", pa.string()),  # gpu / tagged / shared / node_without_gpus
             ("service", pa.string()),
             ("resource_id", pa.string()),  # the node's EC2 instance id(s), or the bill line's resource
-            ("gpu_seconds", pa.float64()),  # seconds the GPU reported in the hour
-            ("held_seconds", pa.float64()),  # seconds a pod held it
-            ("active_gpu_seconds", pa.float64()),  # Σ util × Δt
+            ("gpu_seconds", pa.float64()),  # GPU-seconds the GPU (a slice: × gpu_share) reported in the hour
+            ("held_seconds", pa.float64()),  # GPU-seconds a pod held it
+            ("active_gpu_seconds", pa.float64()),  # Σ util × Δt (× gpu_share); NULL: activity unknown
             ("energy_kwh", pa.float64()),
             ("allocated_usd", pa.float64()),
             ("unallocated_usd", pa.float64()),  # cluster idle
-            ("idle_usd", pa.float64()),  # allocated $ × (1 − active fraction)
+            ("idle_usd", pa.float64()),  # allocated $ × (1 − active fraction), where activity is known
             ("cost_source", pa.string()),  # cur / estimate / cur+estimate
+            ("gpu_instance", pa.int32()),  # MIG slice (null: a whole GPU, or no GPU's row)
+            ("gpu_profile", pa.string()),  # MIG profile; 'unsliced' for a MIG GPU's part no slice covers
+            ("gpu_share", pa.float64()),  # of the GPU's cost this row carries (1 for a whole GPU)
+            ("unknown_activity_usd", pa.float64()),  # allocated $ with no util reported: not idle, unknown
         ]
     ),
 )
@@ -339,6 +362,10 @@ UTILIZATION_PER_DOLLAR = TableSpec(
             ("usd_per_active_gpu_hour", pa.float64()),
             ("energy_kwh", pa.float64()),
             ("cost_source", pa.string()),
+            (
+                "unknown_activity_usd",
+                pa.float64(),
+            ),  # $ of GPU time with no util reported: neither busy nor idle
         ]
     ),
 )

@@ -30,6 +30,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Labels tried in order for a series' node (instance loses its :port)",
     ),
     Setting(
+        "FOXHUNT_EXPORTER_CONTAINERS",
+        "",
+        "Comma-separated exporter container names whose pod never holds a GPU, for scrape setups whose "
+        "`up` has no pod label (static configs, federation)",
+    ),
+    Setting(
         "FOXHUNT_PARTITIONS_START", "2026-11-01", "First hourly/daily partition (read when definitions load)"
     ),
     Setting("FOXHUNT_PROMETHEUS_GZIP", "0", "1 = ask Prometheus for gzip (pays over a slow WAN link)"),
@@ -126,6 +132,7 @@ class Settings:
     scrape_step_s: float
     experiment_label: str
     node_labels: tuple[str, ...]
+    exporter_containers: tuple[str, ...]
     prometheus_gzip: bool
     prometheus_timeout_s: float
     prometheus_max_points: int
@@ -142,6 +149,7 @@ class Settings:
             scrape_step_s=step,
             experiment_label=env("FOXHUNT_EXPERIMENT_LABEL"),
             node_labels=tuple(x.strip() for x in env("FOXHUNT_NODE_LABELS").split(",") if x.strip()),
+            exporter_containers=tuple(csv_setting("FOXHUNT_EXPORTER_CONTAINERS")),
             prometheus_gzip=env("FOXHUNT_PROMETHEUS_GZIP") in ("1", "true", "yes"),
             prometheus_timeout_s=float(env("FOXHUNT_PROMETHEUS_TIMEOUT")),
             prometheus_max_points=int(env("FOXHUNT_PROMETHEUS_MAX_POINTS")),

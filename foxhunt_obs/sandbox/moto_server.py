@@ -43,6 +43,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from foxhunt_obs.lib.sources.aws import cur_tag_key
 from foxhunt_obs.sandbox import bills
 from foxhunt_obs.sandbox.local_server import (
     LocalServer,
@@ -132,11 +133,6 @@ CUR_COLUMNS = (
     ("resource_tags", pa.map_(pa.string(), pa.string()), "map<string,string>"),
 )
 CUR_SCHEMA = pa.schema([(name, typ) for name, typ, _ in CUR_COLUMNS])
-
-
-def cur_tag_key(key: str) -> str:
-    """A user tag key as CUR 2.0's resource_tags map spells it: 'Project' → 'user_project'."""
-    return "user_" + "".join(c if c.isalnum() else "_" for c in key).lower()
 
 
 def _month_start(t: datetime) -> datetime:

@@ -9,14 +9,16 @@ What a real cluster's Prometheus would hold, scrape by scrape:
   nvidia-dcgm-exporter) on every series, and the holder as ``exported_namespace``/``exported_pod``/
   ``exported_container`` only while a pod holds the GPU, so a GPU's series changes identity when its pod
   changes, as it does in production.
-* node_exporter (cpu, memory, network) with ``instance="<node>:9100"``.
+* node_exporter (cpu, memory, network) with ``instance="<node IP>:9100"`` and no node label, as
+  kube-prometheus-stack scrapes it (hostNetwork): kube_node_info's internal_ip names the node.
 * kube-state-metrics ``kube_pod_labels`` (while the pod exists), ``kube_node_labels`` and
   ``kube_node_info`` (``provider_id="aws:///<az>/<instance id>"``, ``internal_ip`` where the node's name
   is an EC2 private DNS name): one series per EC2 instance of the node, while that instance exists;
   ``kube_pod_container_status_restarts_total`` per pod while it exists (rising in oom_loop incidents)
   (``truth.node_instances``), so a ``node_lost`` outage has none and the replacement is a new series.
-* ``up`` for the dcgm-exporter and node-exporter targets: 0 while the node is lost, as Prometheus
-  records a failed scrape (the other series simply have no samples then).
+* ``up`` for the dcgm-exporter and node-exporter targets, with each target's labels (dcgm-exporter's
+  pod, namespace and container, as Kubernetes service discovery gives them): 0 while the node is lost,
+  as Prometheus records a failed scrape (the other series simply have no samples then).
 
 Every family is declared ``gauge``: OpenMetrics counters need a ``_total`` sample suffix that dcgm names
 lack, and PromQL does not look at types. One file per aligned 2-hour window, because promtool re-reads
@@ -86,6 +88,12 @@ def _internal_ip(node: str) -> dict[str, str]:
     """``internal_ip`` from an EC2 private DNS name (ip-10-0-1-11 -> 10.0.1.11); none for other names."""
     m = re.fullmatch(r"ip-(\d+)-(\d+)-(\d+)-(\d+)(\..*)?", node)
     return {"internal_ip": ".".join(m.groups()[:4])} if m else {}
+
+
+def _node_exporter_instance(node: str) -> str:
+    """node_exporter's target as kube-prometheus-stack scrapes it: the node's IP (hostNetwork), no node
+    label (prometheus-community/helm-charts prometheus-node-exporter); the name where it has no IP."""
+    return f"{_internal_ip(node).get('internal_ip', node)}:9100"
 
 
 def _pci_bus_id(gpu: int) -> str:
@@ -213,17 +221,24 @@ def _series(
                         )
                     yield labels, track[DCGM_METRICS[family]], up & (holder == h)
     elif family == "up":
-        for job, port in (("dcgm-exporter", 9400), ("node-exporter", 9100)):
-            for node in scenario.nodes:
-                yield (
-                    _labels(job=job, instance=f"{node.name}:{port}"),
-                    get["observed"](node).astype(np.int64),
-                    None,
-                )
+        # A target's up carries the target's own labels: for dcgm-exporter, found by Kubernetes service
+        # discovery, its pod's (which is how the ingest tells the exporter pod from a GPU's holder).
+        for node in scenario.nodes:
+            target = _labels(
+                job="dcgm-exporter",
+                instance=f"{node.name}:9400",
+                namespace=DCGM_NAMESPACE,
+                pod=dcgm_exporter_pod(node.name),
+                container=DCGM_CONTAINER,
+            )
+            yield target, get["observed"](node).astype(np.int64), None
+        for node in scenario.nodes:
+            target = _labels(job="node-exporter", instance=_node_exporter_instance(node.name))
+            yield target, get["observed"](node).astype(np.int64), None
     elif family in NODE_METRICS:
         for node in scenario.nodes:
             up, t = get["observed"](node), get["node"](node)
-            scrape = {"job": "node-exporter", "instance": f"{node.name}:9100"}
+            scrape = {"job": "node-exporter", "instance": _node_exporter_instance(node.name)}
             if family == "node_cpu_seconds_total":
                 for c in range(node.cpus):
                     for mode in ("idle", "system", "user"):

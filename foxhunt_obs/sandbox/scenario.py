@@ -57,7 +57,7 @@ import yaml
 from foxhunt_obs.sandbox.aws_scenario import Aws, parse_aws
 
 # Bump whenever the generator writes different samples for the same YAML: it is part of the cache key.
-GENERATOR_VERSION = "4"
+GENERATOR_VERSION = "5"
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 INCIDENT_KINDS = ("stall", "ecc_sbe", "ecc_dbe", "node_lost", "oom_loop")
 TRAINING_INCIDENT_KINDS = ("nan_loss", "entropy_collapse", "success_drop", "stall")

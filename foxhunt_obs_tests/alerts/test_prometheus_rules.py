@@ -191,6 +191,11 @@ CASES: dict[str, list[dict]] = {
                 # GPU 2: an old, constant count is no new error
                 {"series": dcgm("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 2, "ip-1"), "values": "5x30"},
                 {"series": dcgm("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 2, "ip-1"), "values": "0x30"},
+                # GPU 3, a stock counters file: no ECC counters, a row remapped for an uncorrectable error
+                {"series": dcgm("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 3, "ip-1"), "values": "0x10 1x20"},
+                {"series": dcgm("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 3, "ip-1"), "values": "0x30"},
+                # GPU 4, stock too: old remaps only
+                {"series": dcgm("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 4, "ip-1"), "values": "2x30"},
             ],
             "alert_rule_test": [
                 quiet("ecc_errors", "10m"),
@@ -199,9 +204,22 @@ CASES: dict[str, list[dict]] = {
                     "exp_alerts": [
                         fires("ecc_errors", "12m", gpu_labels(0, "ip-1"), 2.0)["exp_alerts"][0],
                         fires("ecc_errors", "12m", gpu_labels(1, "ip-1"), 1.0)["exp_alerts"][0],
+                        fires("ecc_errors", "12m", gpu_labels(3, "ip-1"), 1.0)["exp_alerts"][0],
                     ],
                 },
                 quiet("ecc_errors", "25m"),
+            ],
+        },
+    ],
+    "gpu_row_remap_failure": [
+        {
+            "input_series": [
+                {"series": dcgm("DCGM_FI_DEV_ROW_REMAP_FAILURE", 0, "ip-1"), "values": "0x5 1x10"},
+                {"series": dcgm("DCGM_FI_DEV_ROW_REMAP_FAILURE", 1, "ip-1"), "values": "0x15"},
+            ],
+            "alert_rule_test": [
+                quiet("gpu_row_remap_failure", "5m"),
+                fires("gpu_row_remap_failure", "6m", gpu_labels(0, "ip-1"), 1.0),
             ],
         },
     ],

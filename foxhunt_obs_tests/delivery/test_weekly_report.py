@@ -331,6 +331,16 @@ def test_totals_that_disagree_with_the_table_are_flagged():
     assert "Check:" in render_weekly_report(d).markdown
 
 
+def test_unknown_activity_is_said_not_counted_as_idle():
+    d = make_data()
+    assert "Unknown activity" not in render_weekly_report(d).markdown
+    d.totals = {**d.totals, "unknown_activity_usd": 123.45}
+    r = render_weekly_report(d)
+    assert "Unknown activity" in r.markdown and "$123.45" in r.markdown
+    assert "core_columns_reported" in r.html
+    assert "counted neither as active nor as idle" in COST_POLICY
+
+
 def test_bad_input_names_the_frame():
     d = make_data()
     d.week_start = WEEK + timedelta(days=1)

@@ -1,9 +1,13 @@
 """How AWS clients are built: the retry mode is explicit, the endpoint is boto3's unless configured."""
 
+from pathlib import Path
+
 import pytest
 
 from foxhunt_obs.defs.resources import AwsResource
-from foxhunt_obs.lib.sources.aws import AwsConfig, product_code, tag_column
+from foxhunt_obs.lib.sources.aws import AwsConfig, aws_snake, cur_tag_key, product_code, tag_column
+
+REAL_TAG_KEYS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "cur" / "tag_keys.tsv"
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +52,56 @@ def test_retry_mode_is_explicit_even_when_the_environment_says_legacy(monkeypatc
         AwsConfig(retry_mode="legacy")
 
 
+def _real_tag_keys() -> list[tuple[str, str, str]]:
+    rows = []
+    for ln in REAL_TAG_KEYS.read_text().splitlines():
+        if ln.strip() and not ln.startswith("#"):
+            key, written, source = ln.split("\t")
+            rows.append((key, written, source))
+    return rows
+
+
+@pytest.mark.parametrize(("key", "written", "source"), _real_tag_keys(), ids=lambda v: str(v)[:40])
+def test_tag_keys_as_aws_writes_them_in_cur2(key, written, source):
+    """Each pair as a public source shows it (fixtures/real/cur/tag_keys.tsv names the source of each)."""
+    assert cur_tag_key(key) == written, source
+    assert tag_column(key) == tag_column(written), source
+
+
+@pytest.mark.parametrize(
+    ("key", "written"),
+    [
+        # the issue's own cases: user_ + lower snake case; AWS-generated keys keep their aws_
+        ("CostCenter", "user_cost_center"),
+        ("team:owner", "user_team_owner"),
+        ("aws:createdBy", "aws_created_by"),
+        # consecutive capitals: one underscore before each, as AWS spells STAGE (user_s_t_a_g_e),
+        # AWSApplicationMigrationServiceManaged (user_a_w_s_application_migration_service_managed) and its own
+        # column reservation/ReservationARN (reservation_reservation_a_r_n); CID reads tag_a_c_r_o_n_y_m back
+        # as "ACRONYM" (tag_keys.tsv: REAL-ACCOUNT, COLUMN-RULE, CID-ACRONYM)
+        ("EKSCluster", "user_e_k_s_cluster"),
+        ("myTAGKey", "user_my_t_a_g_key"),
+        ("GPU", "user_g_p_u"),
+        # digits stay attached: sparkoperator.k8s.io/... -> user_sparkoperator_k8s_io_...,
+        # product/intelAvx2Available -> product_intel_avx2_available (CID-SCAD, COLUMN-RULE)
+        ("k8s-app", "user_k8s_app"),
+        ("Tier2Cost", "user_tier2_cost"),
+        ("gpu2", "user_gpu2"),
+        # '.', '/', '-', ':' -> '_' (app.kubernetes.io/part-of -> user_app_kubernetes_io_part_of,
+        # elasticbeanstalk:environment-id -> user_elasticbeanstalk_environment_id: CID-SCAD, REAL-ACCOUNT)
+        ("env/stage", "user_env_stage"),
+        ("cost.center", "user_cost_center"),
+        # a capital after a separator gives one underscore, not two (user:CostCenter -> user_cost_center,
+        # lambda:createdBy -> user_lambda_created_by); no source shows a space: it is a separator like the rest
+        ("Cost Center", "user_cost_center"),
+        ("cost-Center", "user_cost_center"),
+    ],
+)
+def test_the_conversion_rule(key, written):
+    assert cur_tag_key(key) == written
+    assert tag_column(key) == tag_column(written) == aws_snake(written).removeprefix("user_")
+
+
 def test_names_normalised():
     assert product_code("Amazon Elastic Compute Cloud - Compute") == "AmazonEC2"
     assert product_code("EC2 - Other") == "AmazonEC2"
@@ -55,3 +109,25 @@ def test_names_normalised():
     assert {
         tag_column(k) for k in ("user:Project", "user_project", "Project", "resource_tags_user_project")
     } == {"project"}
+
+
+def test_one_normal_form_for_every_spelling_of_a_key():
+    """A configured key (FOXHUNT_COST_TAGS), Cost Explorer's and legacy CUR's user:Key, a CUR 2.0 resource_tags
+    key and a legacy Athena column all meet on one string."""
+    assert {
+        tag_column(k)
+        for k in (
+            "CostCenter",  # as configured, and as CE's GROUP BY TAG key (CostCenter$value)
+            "user:CostCenter",
+            "resourceTags/user:CostCenter",  # legacy CUR CSV header
+            "user_cost_center",  # CUR 2.0 resource_tags key
+            "resource_tags_user_cost_center",  # legacy CUR Athena/Parquet column
+        )
+    } == {"cost_center"}
+    assert {tag_column(k) for k in ("team:owner", "user_team_owner")} == {"team_owner"}
+    assert {tag_column(k) for k in ("aws:createdBy", "aws_created_by", "resource_tags_aws_created_by")} == {
+        "aws_created_by"
+    }
+    # AWS writes the prefixes in lower case: a key that merely starts with "User" is a key of its own
+    assert tag_column("UserName") == tag_column("User_Name") == tag_column("user_user_name") == "user_name"
+    assert tag_column("Name") == "name" != tag_column("NAME") == "n_a_m_e"  # user_name vs user_n_a_m_e

@@ -6,18 +6,20 @@ import io
 import json
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from foxhunt_obs.lib.schemas import COSTS_HOURLY
-from foxhunt_obs.lib.sources.cur import CurError, CurSource, billing_periods
+from foxhunt_obs.lib.sources.cur import OPTIONAL, REQUIRED, CurError, CurSource, billing_periods
 from foxhunt_obs_tests.lib.aws_fixtures import MotoServer
 
 BUCKET, PREFIX, NAME = "foxhunt-cur", "cur", "foxhunt-export"
 ROOT = f"s3://{BUCKET}/{PREFIX}/{NAME}"
 UTC = timezone.utc
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "cur"
 
 
 def h(day: int, hour: int, month: int = 11) -> datetime:
@@ -277,7 +279,10 @@ def test_a_covered_line_without_its_effective_cost_fails(s3):
 
 def test_tags_are_normalised(s3):
     lines = [
-        line(h(2, 0), resource_tags={"user_project": "foxhunt-rl", "user_team": "rl", "aws_createdBy": "me"}),
+        # aws:createdBy is written aws_created_by (fixtures/real/cur/tag_keys.tsv)
+        line(
+            h(2, 0), resource_tags={"user_project": "foxhunt-rl", "user_team": "rl", "aws_created_by": "me"}
+        ),
         line(h(2, 1), resource_tags={"user:Project": "other", "user:Experiment": "grpo-b"}),
         line(h(2, 2), resource_tags={}),
         line(h(2, 3), resource_tags=None),
@@ -292,7 +297,7 @@ def test_tags_are_normalised(s3):
         ("", "", ""),
         ("", "", ""),
     ]
-    assert rows[0]["tags"] == '{"aws_createdby":"me","project":"foxhunt-rl","team":"rl"}'
+    assert rows[0]["tags"] == '{"aws_created_by":"me","project":"foxhunt-rl","team":"rl"}'
     assert rows[1]["tags"] == '{"experiment":"grpo-b","project":"other"}'
     assert rows[2]["tags"] == rows[3]["tags"] == "{}"
 
@@ -340,3 +345,138 @@ def test_billing_periods_overlapping_a_window():
     start = datetime(2026, 12, 31, 23, tzinfo=UTC)
     assert billing_periods(start, start + timedelta(hours=2)) == ["2026-12", "2027-01"]
     assert billing_periods(start, start) == []
+
+
+def cur2_columns() -> dict[str, str]:
+    """fixtures/real/cur/cur2_columns.txt: CUR 2.0 column -> documented type."""
+    out = {}
+    for ln in (REAL / "cur2_columns.txt").read_text().splitlines():
+        if ln.strip() and not ln.startswith("#"):
+            name, typ = ln.split("\t")
+            out[name] = typ
+    return out
+
+
+ARROW = {
+    "string": pa.string(),
+    "double": pa.float64(),
+    "timestamp": pa.timestamp("ms"),  # Glue/Athena timestamp: no zone, UTC
+    "map<string,string>": pa.map_(pa.string(), pa.string()),
+}
+
+
+def cur2_parquet(lines: list[dict]) -> bytes:
+    """A CUR 2.0 data file with every column the reader uses, each of its documented type."""
+    cols = {}
+    for name, typ in cur2_columns().items():
+        vals = [ln.get(name) for ln in lines]
+        if typ == "map<string,string>":
+            vals = [None if v is None else list(v.items()) for v in vals]
+        elif typ == "timestamp":
+            vals = [None if v is None else v.replace(tzinfo=None) for v in vals]
+        cols[name] = pa.array(vals, ARROW[typ])
+    buf = io.BytesIO()
+    pq.write_table(pa.table(cols), buf, compression="snappy")
+    return buf.getvalue()
+
+
+def cur2_line(hour: datetime, cost: float, tags: dict | None) -> dict:
+    return {
+        **line(hour, cost, resource_tags=tags),
+        "identity_time_interval": f"{hour:%Y-%m-%dT%H:%M:%SZ}/{hour + timedelta(hours=1):%Y-%m-%dT%H:%M:%SZ}",
+        "reservation_reservation_a_r_n": "",
+        "reservation_unused_amortized_upfront_fee_for_billing_period": 0.0,
+        "reservation_unused_recurring_fee": 0.0,
+        "savings_plan_total_commitment_to_date": 0.0,
+        "savings_plan_used_commitment": 0.0,
+    }
+
+
+def test_the_reader_uses_documented_cur2_columns():
+    """Every column the reader requires or reads exists in CUR 2.0 with a type it reads."""
+    cols = cur2_columns()
+    assert set(REQUIRED) | set(OPTIONAL) <= set(cols)
+    assert cols["resource_tags"] == "map<string,string>"
+    assert cols["line_item_usage_start_date"] == "timestamp"
+    assert {cols[c] for c in ("line_item_unblended_cost", "line_item_usage_amount")} == {"double"}
+
+
+CAMEL_TAGS = ("CostCenter", "team:owner", "Experiment")
+
+
+def test_camel_case_tag_keys_as_aws_writes_them(s3):
+    """FOXHUNT_COST_TAGS=CostCenter,team:owner,Experiment against resource_tags keys in AWS's spelling
+    (user_cost_center, user_team_owner; aws:createdBy as aws_created_by)."""
+    tags = {
+        "user_cost_center": "cc-42",
+        "user_team_owner": "rl-infra",
+        "user_experiment": "ppo-a",
+        "aws_created_by": "AssumedRole:AROAEXAMPLE:karpenter",
+    }
+    lines = [
+        cur2_line(h(2, 0), 3.0, tags),
+        cur2_line(h(2, 1), 4.0, {"user_cost_center": "cc-7"}),
+        cur2_line(h(2, 2), 5.0, None),
+    ]
+    f = put_file(s3, "2026-11", f"{NAME}-00001.snappy.parquet", cur2_parquet(lines), "e1")
+    put_manifest(s3, "2026-11", [f], "e1")
+    src = CurSource(s3, ROOT, tag_keys=CAMEL_TAGS)
+    table, skipped = src.line_items(h(2, 0), h(3, 0))
+    rows = table.to_pylist()
+    assert skipped == [] and src.unmatched_tag_keys == {}
+    assert [(r["project"], r["environment"], r["experiment"], r["cost_usd"]) for r in rows] == [
+        ("cc-42", "rl-infra", "ppo-a", 3.0),
+        ("cc-7", "", "", 4.0),
+        ("", "", "", 5.0),
+    ]
+    assert json.loads(rows[0]["tags"]) == {
+        "aws_created_by": "AssumedRole:AROAEXAMPLE:karpenter",
+        "cost_center": "cc-42",
+        "experiment": "ppo-a",
+        "team_owner": "rl-infra",
+    }
+    # the same keys as Cost Explorer and legacy CUR spell them
+    table, _ = CurSource(s3, ROOT, tag_keys=("user:CostCenter", "user_team_owner", "Experiment")).line_items(
+        h(2, 0), h(2, 1)
+    )
+    assert (table["project"][0].as_py(), table["environment"][0].as_py()) == ("cc-42", "rl-infra")
+
+
+def test_a_configured_key_that_matches_no_tag_is_reported(s3):
+    """November carries tags, none under 'Experiment' (and 'CostCenter' only outside the window, which still
+    counts: the month has it); December has no tags at all, so nothing can be said about it."""
+    nov = [
+        cur2_line(h(2, 0), 1.0, {"user_cost_center": "cc-1", "user_team_owner": "rl", "user_exp": "x"}),
+        cur2_line(h(20, 0), 1.0, {"user_cost_center": "cc-2"}),
+    ]
+    nov[0]["resource_tags"] = {"user_team_owner": "rl", "user_exp": "x"}
+    f = put_file(s3, "2026-11", f"{NAME}-00001.snappy.parquet", cur2_parquet(nov), "e1")
+    put_manifest(s3, "2026-11", [f], "e1")
+    dec = [cur2_line(h(1, 0, month=12), 1.0, None), cur2_line(h(1, 1, month=12), 1.0, {})]
+    g = put_file(s3, "2026-12", f"{NAME}-00001.snappy.parquet", cur2_parquet(dec), "e2")
+    put_manifest(s3, "2026-12", [g], "e2")
+
+    src = CurSource(s3, ROOT, tag_keys=CAMEL_TAGS)
+    table, _ = src.line_items(h(2, 0), h(3, 0))
+    assert table.num_rows == 1 and table["environment"][0].as_py() == "rl"
+    assert src.unmatched_tag_keys == {"Experiment": ["2026-11"]}
+    src.line_items(h(30, 0), h(1, 2, month=12))
+    assert src.unmatched_tag_keys == {"Experiment": ["2026-11"]}  # December: no tags, no verdict
+    src.line_items(h(1, 0, month=12), h(2, 0, month=12))
+    assert src.unmatched_tag_keys == {}
+
+    # a key AWS spells otherwise is named; TeamOwner and team:owner are one key in CUR 2.0 (user_team_owner)
+    src = CurSource(s3, ROOT, tag_keys=("costcenter", "TeamOwner", "Experiment"))
+    table, _ = src.line_items(h(2, 0), h(3, 0))
+    assert table["environment"].to_pylist() == ["rl"]
+    assert src.unmatched_tag_keys == {"costcenter": ["2026-11"], "Experiment": ["2026-11"]}
+
+
+def test_unmatched_keys_from_tags_written_as_json_text(s3):
+    lines = [line(h(2, 0), resource_tags={"user_cost_center": "cc-1"}), line(h(2, 1), resource_tags=None)]
+    f = put_file(s3, "2026-11", f"{NAME}-00001.snappy.parquet", parquet(lines, json_tags=True), "e1")
+    put_manifest(s3, "2026-11", [f], "e1")
+    src = CurSource(s3, ROOT, tag_keys=CAMEL_TAGS)
+    table, _ = src.line_items(h(2, 0), h(3, 0))
+    assert table["project"].to_pylist() == ["cc-1", ""]
+    assert src.unmatched_tag_keys == {"team:owner": ["2026-11"], "Experiment": ["2026-11"]}

@@ -148,8 +148,12 @@ def test_cpu_rate_recovers_cpu_busy(server, small):
     got = instant(server.url, '1 - avg by (instance) (rate(node_cpu_seconds_total{mode="idle"}[1m]))', at)
     nodes = truth.node_samples(small)
     want = nodes[nodes["ts"] == pd.Timestamp(at)].set_index("node")["cpu_busy"]
+    # node_exporter is scraped by the node's IP (kube-prometheus-stack): 10.0.1.11:9100 is ip-10-0-1-11
     assert {
-        r["metric"]["instance"].split(":")[0]: pytest.approx(float(r["value"][1]), abs=1e-9) for r in got
+        "ip-" + r["metric"]["instance"].split(":")[0].replace(".", "-"): pytest.approx(
+            float(r["value"][1]), abs=1e-9
+        )
+        for r in got
     } == want.to_dict()
 
 

@@ -68,11 +68,12 @@ def costs_hourly(context: dg.AssetExecutionContext, lake: LakeResource, aws: Aws
     label = f"costs_hourly {_key(days[0])}..{_key(days[-1])}"
     uri = env("FOXHUNT_CUR_S3_URI")
     skipped: list[str] = []
+    unmatched: dict = {}
     if uri:
         try:
-            table, skipped = CurSource(aws.client("s3"), uri, tag_keys=cost_tags()).line_items(
-                window.start, window.end, partition=label
-            )
+            cur = CurSource(aws.client("s3"), uri, tag_keys=cost_tags())
+            table, skipped = cur.line_items(window.start, window.end, partition=label)
+            unmatched = cur.unmatched_tag_keys
         except CurError as e:
             raise dg.Failure(description=str(e)) from e
     else:
@@ -80,6 +81,11 @@ def costs_hourly(context: dg.AssetExecutionContext, lake: LakeResource, aws: Aws
         table = COSTS_HOURLY.schema.empty_table()
     if skipped:
         context.log.warning(f"{label}: no CUR manifest yet for {', '.join(skipped)}: not ingested")
+    for key, periods in unmatched.items():
+        context.log.warning(
+            f"{label}: FOXHUNT_COST_TAGS key {key!r} matches no resource_tags key in {', '.join(periods)} "
+            "(CUR 2.0 writes user_<snake_case>: is the tag activated, and spelled as in Billing?)"
+        )
     try:
         for day in days:
             in_day = pc.and_(
@@ -107,6 +113,7 @@ def costs_hourly(context: dg.AssetExecutionContext, lake: LakeResource, aws: Aws
             "by_service": by_service,
             "cur_export": dg.MetadataValue.text(uri or "not configured (FOXHUNT_CUR_S3_URI)"),
             "billing_periods_without_manifest": dg.MetadataValue.text(", ".join(skipped) or "none"),
+            "unmatched_tag_keys": dg.MetadataValue.json(unmatched),
         }
     )
 

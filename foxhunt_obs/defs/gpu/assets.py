@@ -10,7 +10,13 @@ from foxhunt_obs.defs.partitions import DAILY, HOURLY, days_of, hours_of
 from foxhunt_obs.defs.resources import LakeResource, PrometheusResource
 from foxhunt_obs.lib.analysis.catalog import load_catalog
 from foxhunt_obs.lib.analysis.gpu_hourly import build_gpu_hourly, hour_key
-from foxhunt_obs.lib.analysis.gpu_series import Window, collect_gpu_samples, collect_node_samples
+from foxhunt_obs.lib.analysis.gpu_series import (
+    Window,
+    collect_gpu_samples,
+    collect_node_samples,
+    missing_core_columns,
+)
+from foxhunt_obs.lib.analysis.mig import MigError
 from foxhunt_obs.lib.lake import LakeError
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES, NODE_SAMPLES
 from foxhunt_obs.lib.settings import Settings
@@ -21,7 +27,15 @@ GPU_SAMPLES_CHECKS = [
         "values_in_range", asset="gpu_samples", description="util in 0-1, temperature -20..130 °C"
     ),
     dg.AssetCheckSpec(
-        "unique_uuid_ts", asset="gpu_samples", description="one row per GPU (uuid) per timestamp"
+        "unique_uuid_ts",
+        asset="gpu_samples",
+        description="one row per GPU (uuid, and MIG slice) per timestamp",
+    ),
+    dg.AssetCheckSpec(
+        "core_columns_reported",
+        asset="gpu_samples",
+        description="every reporting GPU has util (or GR_ENGINE_ACTIVE on a MIG slice), memory used and "
+        "power: a missing source is named, never read as an idle GPU",
     ),
     dg.AssetCheckSpec(
         "not_empty_after_gpus",
@@ -50,6 +64,7 @@ def _fail(e: Exception) -> dg.Failure:
 def gpu_samples(context: dg.AssetExecutionContext, lake: LakeResource, prometheus: PrometheusResource):
     settings, catalog, store, client = Settings.from_env(), load_catalog(), lake.lake(), prometheus.client()
     tables: dict[str, pa.Table] = {}
+    missing: dict[str, dict] = {}
     for hour in hours_of(context.partition_time_window):
         key = hour_key(hour)
         try:
@@ -59,13 +74,36 @@ def gpu_samples(context: dg.AssetExecutionContext, lake: LakeResource, prometheu
                 _window(hour, settings.scrape_step_s, f"gpu_samples partition {key}"),
                 node_labels=settings.node_labels,
                 experiment_label=settings.experiment_label,
+                exporter_containers=settings.exporter_containers,
             )
             store.write_partition(GPU_SAMPLES, key, table)
-        except (PrometheusError, LakeError) as e:
+        except (PrometheusError, LakeError, MigError) as e:
             raise _fail(e) from e
         context.log.info(f"gpu_samples {key}: {table.num_rows} rows")
+        for column, gap in missing_core_columns(table, catalog).items():
+            context.log.warning(
+                f"gpu_samples {key}: {gap['gpus']} of {gap['of']} GPUs have no {column}; "
+                f"looked for {', '.join(gap['looked_for'])}"
+            )
+            missing.setdefault(column, {**gap, "partitions": []})["partitions"].append(key)
         tables[key] = table
-    yield dg.MaterializeResult(metadata=_gpu_metadata(tables, store.root))
+    metadata = _gpu_metadata(tables, store.root)
+    metadata["missing_core_columns"] = dg.MetadataValue.json(missing)
+    yield dg.MaterializeResult(metadata=metadata)
+    yield dg.AssetCheckResult(
+        check_name="core_columns_reported",
+        passed=not missing,
+        metadata={
+            "missing": dg.MetadataValue.md(
+                "\n".join(
+                    f"- `{c}`: {g['gpus']} of {g['of']} GPUs in {', '.join(g['partitions'])}; "
+                    f"looked for {', '.join(f'`{n}`' for n in g['looked_for'])}"
+                    for c, g in missing.items()
+                )
+                or "none"
+            )
+        },
+    )
     yield from _gpu_checks(tables, store)
 
 
@@ -77,11 +115,12 @@ def _gpu_metadata(tables: dict[str, pa.Table], root: str) -> dict:
     ).fetchone()
     per_exp = con.execute(
         """SELECT experiment, count(DISTINCT uuid) AS gpus, round(avg(util), 3) AS mean_util,
-                  round(sum(util * step_seconds) / 3600, 2) AS active_gpu_hours
+                  round(sum(util * step_seconds * gpu_share) / 3600, 2) AS active_gpu_hours
            FROM t GROUP BY experiment ORDER BY experiment"""
     ).fetch_df()
     preview = con.execute(
-        "SELECT ts, node, gpu, pod, experiment, util, mem_used_bytes, temp_celsius, power_watts FROM t LIMIT 8"
+        "SELECT ts, node, gpu, gpu_instance, pod, experiment, util, util_basis, mem_used_bytes, power_watts "
+        "FROM t LIMIT 8"
     ).fetch_df()
     con.close()
     return {
@@ -106,7 +145,7 @@ def _gpu_checks(tables: dict[str, pa.Table], store):
                   count(*) FILTER (WHERE isnan(util)) FROM t"""
     ).fetchone()
     dupes = con.execute(
-        "SELECT count(*) FROM (SELECT uuid, ts FROM t GROUP BY ALL HAVING count(*) > 1)"
+        "SELECT count(*) FROM (SELECT uuid, gpu_instance, ts FROM t GROUP BY ALL HAVING count(*) > 1)"
     ).fetchone()[0]
     con.close()
     yield dg.AssetCheckResult(
@@ -217,14 +256,18 @@ def gpu_hourly(context: dg.AssetExecutionContext, lake: LakeResource):
         out[key] = table
     con = duckdb.connect(":memory:")
     con.register("t", pa.concat_tables(out.values()))
-    rows, gpus, gpu_hours, active, kwh = con.execute(
-        """SELECT count(*), count(DISTINCT uuid), coalesce(sum(seconds_with_data), 0) / 3600,
-                  coalesce(sum(active_gpu_seconds), 0) / 3600, coalesce(sum(energy_kwh), 0) FROM t"""
+    # GPU-hours weighed by gpu_share (a MIG slice counts for its part of the GPU)
+    rows, gpus, gpu_hours, active, kwh, unknown, slices = con.execute(
+        """SELECT count(*), count(DISTINCT uuid), coalesce(sum(seconds_with_data * gpu_share), 0) / 3600,
+                  coalesce(sum(active_gpu_seconds), 0) / 3600, coalesce(sum(energy_kwh), 0),
+                  coalesce(sum((seconds_with_data - activity_seconds) * gpu_share), 0) / 3600,
+                  count(DISTINCT (uuid, gpu_instance)) FILTER (WHERE gpu_instance IS NOT NULL) FROM t"""
     ).fetchone()
     per_exp = con.execute(
-        """SELECT experiment, round(sum(seconds_with_data) / 3600, 2) AS gpu_hours,
+        """SELECT experiment, round(sum(seconds_with_data * gpu_share) / 3600, 2) AS gpu_hours,
                   round(sum(active_gpu_seconds) / 3600, 2) AS active_gpu_hours,
-                  round(sum(active_gpu_seconds) / nullif(sum(seconds_with_data), 0), 3) AS mean_util
+                  round(sum(active_gpu_seconds) / nullif(sum(activity_seconds * gpu_share), 0), 3) AS mean_util,
+                  round(sum((seconds_with_data - activity_seconds) * gpu_share) / 3600, 2) AS unknown_activity_gpu_hours
            FROM t GROUP BY experiment ORDER BY experiment"""
     ).fetch_df()
     con.close()
@@ -235,6 +278,9 @@ def gpu_hourly(context: dg.AssetExecutionContext, lake: LakeResource):
             "gpu_hours": dg.MetadataValue.float(round(gpu_hours, 3)),
             "active_gpu_hours": dg.MetadataValue.float(round(active, 3)),
             "energy_kwh": dg.MetadataValue.float(round(kwh, 3)),
+            # GPU-hours with no util reported: unknown activity, never idle (check core_columns_reported)
+            "unknown_activity_gpu_hours": dg.MetadataValue.float(round(unknown, 3)),
+            "mig_slices": dg.MetadataValue.int(slices),
             "by_experiment": dg.MetadataValue.md(per_exp.to_markdown(index=False) if rows else "empty"),
         }
     )

@@ -39,6 +39,10 @@ class GpuMetric:
     sources: tuple[Source, ...]
     counter: bool = False
     otherwise_sum_of: tuple[str, ...] = ()  # where no source reported: the sum of these columns
+    plus_if_present: tuple[str, ...] = ()  # ... plus these where they report (FB_RESERVED)
+    otherwise: str = ""  # where no source reported: this column's value (MIG slices: GR_ENGINE_ACTIVE)
+    basis_column: str = ""  # a gpu_samples column naming the source each row's value came from
+    core: bool = False  # gpu_samples' check fails when GPUs report but this column has no source
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,6 @@ class Catalog:
     gpu_metrics: tuple[GpuMetric, ...]
     node_metrics: tuple[NodeMetric, ...]
     kube: dict[str, str]
-    exporter_containers: tuple[str, ...] = ()
 
     def gpu_metric(self, column: str) -> GpuMetric:
         for m in self.gpu_metrics:
@@ -92,11 +95,12 @@ def _load(path: str) -> Catalog:
             for col, spec in raw["node_metrics"].items()
         )
         labels = {k: tuple(v) for k, v in raw["labels"].items()}
-        exporters = tuple(raw.get("exporter_containers") or ())
-        for c in exporters:
-            if not isinstance(c, str) or not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", c):
-                raise ValueError(f"exporter_containers: {c!r} is not a container name (a DNS label)")
-        catalog = Catalog(labels, raw["gpu_query"], gpu, node, dict(raw["kube"]), exporters)
+        catalog = Catalog(labels, raw["gpu_query"], gpu, node, dict(raw["kube"]))
+        columns = {m.column for m in gpu}
+        for m in gpu:
+            for ref in (*m.otherwise_sum_of, *m.plus_if_present, *([m.otherwise] if m.otherwise else [])):
+                if ref not in columns:
+                    raise ValueError(f"{m.column}: refers to {ref!r}, which is not a gpu metric")
     except (KeyError, TypeError, ValueError) as e:
         raise CatalogError(f"metric catalog {path}: malformed entry: {e!r}") from e
     names = [s.name for m in gpu for s in m.sources]
@@ -125,6 +129,10 @@ def _gpu_metric(column: str, spec: dict) -> GpuMetric:
         sources=sources,
         counter=bool(spec.get("counter", False)),
         otherwise_sum_of=tuple(_ident(c) for c in spec.get("otherwise_sum_of", ())),
+        plus_if_present=tuple(_ident(c) for c in spec.get("plus_if_present", ())),
+        otherwise=_ident(spec["otherwise"]) if spec.get("otherwise") else "",
+        basis_column=_ident(spec["basis_column"]) if spec.get("basis_column") else "",
+        core=bool(spec.get("core", False)),
     )
 
 
@@ -134,15 +142,38 @@ def _ident(name: str) -> str:
     return name
 
 
-HOLDER_LABELS = ("namespace", "pod", "container")  # the scrape target's own, when they are an exporter's
+HOLDER_LABELS = ("namespace", "pod", "container")
+TARGET_LABELS = ("job", "instance")  # what identifies a scrape target on every series it yields
 
 
-def holder_labels(labels: dict[str, str], catalog: Catalog) -> dict[str, str]:
-    """``labels`` without the plain pod/namespace/container when they name an exporter's own pod
-    (catalog.exporter_containers): those say who scraped the GPU, not who holds it."""
-    if labels.get("container") in catalog.exporter_containers:
-        return {k: v for k, v in labels.items() if k not in HOLDER_LABELS}
-    return labels
+@dataclass(frozen=True)
+class ScrapeTargets:
+    """Which pods are scrape targets (exporters), so that no exporter pod is taken for a GPU's holder.
+
+    Kubernetes service discovery (a ServiceMonitor or PodMonitor, or a kubernetes_sd_configs pod or
+    endpoints role relabelled to `namespace`/`pod`) attaches the target's pod to every series the target
+    yields, `up` included. With honor_labels off the exporter's own `pod` label is renamed exported_pod, so
+    the plain `pod` is always the target's; with honor_labels on the exporter's label wins, and a series
+    without one (an unheld GPU) keeps the target's. Either way a series whose holder is its own target's
+    pod — the pod `up{job, instance}` carries — is a GPU that no pod holds.
+
+    `containers`: FOXHUNT_EXPORTER_CONTAINERS, for scrape setups whose `up` does not carry the target's
+    pod (static configs, federation): a series whose plain `container` is one of them keeps none of its
+    plain pod/namespace/container labels."""
+
+    pods: frozenset[tuple[str, str, str, str]] = frozenset()  # (job, instance, namespace, pod)
+    containers: frozenset[str] = frozenset()
+
+    def holder(self, labels: dict[str, str], catalog: Catalog) -> tuple[str, str, str]:
+        """(namespace, pod, container) of the pod holding the series' GPU; ('', '', '') for none."""
+        lab = catalog.labels
+        held = labels
+        if self.containers and labels.get("container") in self.containers:
+            held = {k: v for k, v in labels.items() if k not in HOLDER_LABELS}
+        ns, pod, container = (first_label(held, lab[k]) for k in HOLDER_LABELS)
+        if pod and (labels.get("job", ""), labels.get("instance", ""), ns, pod) in self.pods:
+            return "", "", ""
+        return ns, pod, container
 
 
 def first_label(labels: dict[str, str], candidates: tuple[str, ...] | list[str]) -> str:
@@ -171,5 +202,9 @@ def _strip_port(instance: str) -> str:
 
 
 def kube_label_name(label: str) -> str:
-    """kube-state-metrics' spelling of a Kubernetes label: label_<name, non [a-zA-Z0-9_] -> _>."""
-    return "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+    """kube-state-metrics' spelling of a Kubernetes label (its SanitizeLabelName, then toSnakeCase):
+    every character outside [a-zA-Z0-9_] becomes _, camelCase is split, all lower-cased:
+    `app.kubernetes.io/name` -> `label_app_kubernetes_io_name`, `expName` -> `label_exp_name`
+    (kubernetes/kube-state-metrics v2.20.0 internal/store/utils.go, utils_test.go)."""
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", label)
+    return "label_" + re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()

@@ -14,7 +14,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from foxhunt_obs.lib.analysis.catalog import Catalog, first_label, holder_labels, kube_label_name, node_of
+from foxhunt_obs.lib.analysis.catalog import (
+    TARGET_LABELS,
+    Catalog,
+    ScrapeTargets,
+    first_label,
+    kube_label_name,
+    node_of,
+)
+from foxhunt_obs.lib.analysis.mig import slice_share
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient, RangeResult
 
@@ -53,50 +61,89 @@ def collect_gpu_samples(
     *,
     node_labels: tuple[str, ...],
     experiment_label: str = "experiment",
+    exporter_containers: tuple[str, ...] = (),
     columns: list[str] | None = None,
+    found: dict[str, list[str]] | None = None,
 ) -> pa.Table:
-    """gpu_samples rows for the window. `columns` limits which canonical metrics are fetched."""
+    """gpu_samples rows for the window. `columns` limits which canonical metrics are fetched; `found`,
+    when given, receives each fetched column's source names that returned series (empty: none did)."""
     wanted = [m for m in catalog.gpu_metrics if columns is None or m.column in columns]
-    grid = _Grid(window)
+    targets = ScrapeTargets(scrape_target_pods(client, window), frozenset(exporter_containers))
+    grid = _Grid(window, node_names_by_ip(client, catalog, window))
     for metric in wanted:
+        names = []
         # Last-listed source first, so the first-listed one wins where several report.
         for source in reversed(metric.sources):
             query = fill(catalog.gpu_query, name=source.name, fresh=window.fresh)
             res = client.query_range(query, window.start, window.end, window.step, window.label)
             if res.labels:
-                grid.add(res, catalog, node_labels, metric.column, source.scale)
+                grid.add(res, catalog, node_labels, targets, metric.column, source.scale, source.name)
+                names.insert(0, source.name)
+        if found is not None:
+            found[metric.column] = names
     experiments = pod_experiments(client, catalog, window, experiment_label)
     return grid.table(catalog, {m.column for m in wanted}, experiments)
+
+
+def scrape_target_pods(client: PrometheusClient, window: Window) -> frozenset[tuple[str, str, str, str]]:
+    """(job, instance, namespace, pod) of every scrape target with a pod in the window, from `up`: the
+    series Prometheus writes for each target with the target's own labels (catalog.ScrapeTargets)."""
+    lookback = f"{round(window.end - window.start + 300)}s"
+    by = ", ".join((*TARGET_LABELS, "namespace", "pod"))
+    q = f'max by ({by}) (last_over_time(up{{pod!=""}}[{lookback}]))'
+    return frozenset(
+        (x.get("job", ""), x.get("instance", ""), x.get("namespace", ""), x["pod"])
+        for x, _ in client.query(q, window.end, window.label)
+        if x.get("pod")
+    )
 
 
 class _Grid:
     """Dense GPU x step arrays, one per canonical metric: series of the same GPU (a pod change starts
     a new series) land in the same row, so pivoting is array indexing, not a GROUP BY."""
 
-    def __init__(self, window: Window):
+    def __init__(self, window: Window, node_by_ip: dict[str, str] | None = None):
         self.window = window
+        self.node_by_ip = node_by_ip or {}
         self.start_ms, self.step_ms = round(window.start * 1000), round(window.step * 1000)
         self.n_steps = max(0, -(-(round(window.end * 1000) - self.start_ms) // self.step_ms))
-        self.gpus: dict[tuple[str, int | None, str], int] = {}  # (node, gpu, uuid) -> row
+        # (node, gpu, uuid, MIG GPU instance id or None) -> row: in MIG mode each slice is a row of its own
+        self.gpus: dict[tuple[str, int | None, str, int | None], int] = {}
+        self.profiles: dict[int, str] = {}  # row -> MIG profile ('' for a whole GPU)
+        self.models: dict[int, str] = {}  # row -> GPU model (a slice's share depends on it)
         self.label_sets: dict[tuple[str, str, str, str], int] = {}  # (model, namespace, pod, container)
-        self.points: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.sources: list[str] = []  # source names, indexed by the points' source id
+        self.points: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]] = []
 
     def add(
-        self, res: RangeResult, catalog: Catalog, node_labels: tuple[str, ...], column: str, scale: float
+        self,
+        res: RangeResult,
+        catalog: Catalog,
+        node_labels: tuple[str, ...],
+        targets: ScrapeTargets,
+        column: str,
+        scale: float,
+        source: str,
     ):
         lab = catalog.labels
         gpu_of_series = np.empty(len(res.labels), np.int64)
         labels_of_series = np.empty(len(res.labels), np.int64)
         for i, x in enumerate(res.labels):
+            node = node_of(x, node_labels)
             key = (
-                node_of(x, node_labels),
+                self.node_by_ip.get(node, node),
                 _int_or_none(first_label(x, lab["gpu"])),
                 first_label(x, lab["uuid"]),
+                _int_or_none(first_label(x, lab["gpu_instance"])),
             )
-            gpu_of_series[i] = self.gpus.setdefault(key, len(self.gpus))
-            held = holder_labels(x, catalog)
-            names = tuple(first_label(held, lab[k]) for k in ("model", "namespace", "pod", "container"))
+            row = gpu_of_series[i] = self.gpus.setdefault(key, len(self.gpus))
+            names = (first_label(x, lab["model"]), *targets.holder(x, catalog))
+            self.models.setdefault(row, names[0])
+            if key[3] is not None:
+                self.profiles.setdefault(row, first_label(x, lab["gpu_profile"]))
             labels_of_series[i] = self.label_sets.setdefault(names, len(self.label_sets))
+        if source not in self.sources:
+            self.sources.append(source)
         series = res.series_of_point()
         step = (np.rint(res.ts * 1000).astype(np.int64) - self.start_ms + self.step_ms // 2) // self.step_ms
         ok = (step >= 0) & (step < self.n_steps)
@@ -107,6 +154,7 @@ class _Grid:
                 step[ok],
                 res.values[ok] * scale,
                 labels_of_series[series][ok],
+                self.sources.index(source),
             )
         )
 
@@ -116,14 +164,21 @@ class _Grid:
         shape = (len(self.gpus), self.n_steps)
         values = {c: np.full(shape, np.nan) for c in fetched}
         present = {c: np.zeros(shape, bool) for c in fetched}
+        source_of = {c: np.full(shape, -1, np.int64) for c in fetched}
         label_set = np.full(shape, -1, np.int64)
-        for column, g, k, v, lab in self.points:
+        for column, g, k, v, lab, src in self.points:
             values[column][g, k] = v
             present[column][g, k] = True
+            source_of[column][g, k] = src
             label_set[g, k] = lab
-        # Rows in (ts, node, gpu, uuid) order: GPUs sorted by key, cells taken step-major.
+        # Rows in (ts, node, gpu, uuid, gpu_instance) order: GPUs sorted by key, cells taken step-major.
         keys = list(self.gpus)
-        order = np.array(sorted(range(len(keys)), key=lambda i: (keys[i][0], keys[i][1] or -1, keys[i][2])))
+        order = np.array(
+            sorted(
+                range(len(keys)),
+                key=lambda i: (keys[i][0], _sortable(keys[i][1]), keys[i][2], _sortable(keys[i][3])),
+            )
+        )
         any_present = np.logical_or.reduce([present[c] for c in fetched])[order]
         k, r = np.nonzero(any_present.T)
         g = order[r]
@@ -135,7 +190,14 @@ class _Grid:
             "node": _labels(gpu_rows, [key[0] for key in keys]),
             "gpu": pa.array([key[1] for key in keys], pa.int32()).take(pa.array(gpu_rows)),
             "uuid": _labels(gpu_rows, [key[2] for key in keys]),
+            "gpu_instance": pa.array([key[3] for key in keys], pa.int32()).take(pa.array(gpu_rows)),
+            "gpu_profile": _labels(gpu_rows, [self.profiles.get(i, "") for i in range(len(keys))]),
         }
+        shares = [
+            slice_share(self.profiles[i], self.models.get(i, "")) if keys[i][3] is not None else 1.0
+            for i in range(len(keys))
+        ]
+        cols["gpu_share"] = pa.array(np.array(shares)[gpu_rows])
         for j, name in enumerate(("model", "namespace", "pod", "container")):
             cols[name] = _labels(label_rows, [n[j] for n in names])
         cols["experiment"] = _labels(label_rows, _experiments_of(names, experiments))
@@ -150,9 +212,31 @@ class _Grid:
                 total = cols[m.otherwise_sum_of[0]]
                 for other in m.otherwise_sum_of[1:]:
                     total = pc.add(total, cols[other])
+                for extra in m.plus_if_present:
+                    total = pc.add(total, pc.coalesce(cols[extra], 0.0))
                 cols[m.column] = pc.coalesce(cols[m.column], total)
+        for m in catalog.gpu_metrics:  # e.g. a MIG slice's util from GR_ENGINE_ACTIVE, with its basis named
+            if not m.basis_column:
+                continue
+            src = self._source_ids(source_of, m.column, g, k)
+            if m.otherwise:
+                fallback = self._source_ids(source_of, m.otherwise, g, k)
+                src = np.where(src >= 0, src, fallback)
+                cols[m.column] = pc.coalesce(cols[m.column], cols[m.otherwise])
+            cols[m.basis_column] = _labels(src + 1, ["", *self.sources])
         table = pa.table(cols)
         return table.select(GPU_SAMPLES.schema.names).cast(GPU_SAMPLES.schema)
+
+    @staticmethod
+    def _source_ids(
+        source_of: dict[str, np.ndarray], column: str, g: np.ndarray, k: np.ndarray
+    ) -> np.ndarray:
+        """Per output row, the id (in self.sources) of the source that gave `column`; -1 where none did."""
+        return source_of[column][g, k] if column in source_of else np.full(len(k), -1, np.int64)
+
+
+def _sortable(v: int | None) -> int:
+    return -1 if v is None else v
 
 
 def _labels(rows: np.ndarray, values: list[str]) -> pa.DictionaryArray:
@@ -220,12 +304,14 @@ def collect_node_samples(
 ) -> pa.Table:
     """node_samples rows. gpu_counts: (ts, node, gpus_reporting) from the same window's gpu_samples."""
     parts = []
+    by_ip = node_names_by_ip(client, catalog, window)
     for metric in catalog.node_metrics:
         query = fill(metric.query, fresh=window.fresh, rate=window.rate)
         res = client.query_range(query, window.start, window.end, window.step, window.label)
         if not res.labels:
             continue
-        nodes = pa.array([node_of(x, node_labels) for x in res.labels]).take(pa.array(res.series_of_point()))
+        names = [node_of(x, node_labels) for x in res.labels]
+        nodes = pa.array([by_ip.get(n, n) for n in names]).take(pa.array(res.series_of_point()))
         parts.append(
             pa.table(
                 {
@@ -314,6 +400,20 @@ def node_instance_types(client: PrometheusClient, catalog: Catalog, window: Wind
     )
 
 
+def node_names_by_ip(client: PrometheusClient, catalog: Catalog, window: Window) -> dict[str, str]:
+    """internal IP -> Kubernetes node name, from kube_node_info: a series whose node resolved to an
+    address (node_exporter scraped by IP, `instance="10.0.1.23:9100"`) is put on the node so named, so
+    node_samples and gpu_samples agree. An IP two nodes claimed in the window maps to neither."""
+    key = catalog.kube["internal_ip_label"]
+    lookback = f"{round(window.end - window.start + 300)}s"
+    q = f'max by (node, {key}) (last_over_time({catalog.kube["node_info"]}{{{key}!=""}}[{lookback}]))'
+    seen: dict[str, set[str]] = {}
+    for labels, _ in client.query(q, window.end, window.label):
+        if labels.get("node") and labels.get(key):
+            seen.setdefault(labels[key], set()).add(labels["node"])
+    return {ip: next(iter(nodes)) for ip, nodes in seen.items() if len(nodes) == 1}
+
+
 def instance_id_of(provider_id: str) -> str:
     """The cloud's id of a node's machine: the last path component of its Kubernetes providerID.
 
@@ -342,3 +442,38 @@ def node_instance_ids(client: PrometheusClient, catalog: Catalog, window: Window
         }
     )
     return table.filter(pc.and_(pc.not_equal(table["node"], ""), pc.not_equal(table["instance_id"], "")))
+
+
+def missing_core_columns(table: pa.Table, catalog: Catalog) -> dict[str, dict]:
+    """Core columns (catalog `core: true`) that some reporting GPU has no value for in the whole table:
+    column -> {gpus: how many GPUs (slices) lack it, of how many, looked_for: the source names tried}.
+
+    An exporter whose counters file leaves util or power out must not pass for a 100 %-idle or
+    zero-watt GPU: the asset check fails and names what it looked for."""
+    if not table.num_rows:
+        return {}
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("t", table.select(["node", "gpu", "uuid", "gpu_instance", *_core(catalog)]))
+        gpus = con.execute("SELECT count(*) FROM (SELECT DISTINCT node, gpu, uuid, gpu_instance FROM t)")
+        total = gpus.fetchone()[0]
+        out = {}
+        for m in catalog.gpu_metrics:
+            if not m.core:
+                continue
+            lacking = con.execute(
+                f"""SELECT count(*) FROM (SELECT node, gpu, uuid, gpu_instance FROM t GROUP BY ALL
+                    HAVING count(*) FILTER (WHERE {m.column} IS NOT NULL AND NOT isnan({m.column})) = 0)"""
+            ).fetchone()[0]
+            if lacking:
+                names = [s.name for s in m.sources]
+                if m.otherwise:
+                    names += [s.name for s in catalog.gpu_metric(m.otherwise).sources]
+                out[m.column] = {"gpus": lacking, "of": total, "looked_for": names}
+        return out
+    finally:
+        con.close()
+
+
+def _core(catalog: Catalog) -> list[str]:
+    return [m.column for m in catalog.gpu_metrics if m.core]

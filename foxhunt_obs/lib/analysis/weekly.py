@@ -45,6 +45,7 @@ def weekly_report_data(
         "allocated_usd": float(experiments.loc[~is_cluster, "allocated_usd"].sum()),
         "idle_usd": float(experiments.idle_usd.sum()),
         "unallocated_usd": float(experiments.loc[is_cluster, "allocated_usd"].sum()),
+        "unknown_activity_usd": float(experiments.unknown_activity_usd.sum()),
         "gap_pct": float(100 * (bill.estimate_usd / covered - 1))
         if covered and covered == covered
         else math.nan,

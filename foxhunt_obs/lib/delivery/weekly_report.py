@@ -33,7 +33,8 @@ How the dollars in this report are computed (the cost model):
 
 - A GPU's cost for an hour is its node's cost for that hour divided by the GPUs on the node. The node cost comes from the AWS Cost and Usage Report (CUR) once it has landed, else from the dated price table (an estimate); the cost source column says which.
 - That cost is charged to whoever holds the GPU, for the share of the hour it held it: the pod, then the pod's experiment label, then its namespace, then "unattributed". GPU time no pod held is unallocated and shown as "(cluster idle)".
-- Active GPU-hours = sum of utilization x time. Idle $ = allocated $ x (1 - active fraction); all of "(cluster idle)" is idle.
+- A MIG slice is a GPU of its own for this: it costs its share of its GPU (its compute slices over the GPU's, 3g.40gb = 3/7), and the part of a MIG GPU no slice covers is unallocated.
+- Active GPU-hours = sum of utilization x time (on a MIG slice, GR_ENGINE_ACTIVE x time x its share). Idle $ = allocated $ x (1 - active fraction); all of "(cluster idle)" is idle. GPU time for which no utilization was reported is unknown activity: counted neither as active nor as idle.
 - Utilization per dollar = active GPU-hours / $ (higher is better); its inverse is $ per active GPU-hour.
 - Bill lines on no node go to their Experiment tag (an experiment's S3 bucket); the rest (FSx, the EKS control plane) are shared by the GPU-hours each experiment held that day. Once the bill has landed every dollar comes from it, so the day's allocations sum to the bill.
 - The estimate and the bill are both kept, and the gap between them is shown. Weeks run from Monday 00:00 UTC to the next Monday 00:00 UTC.
@@ -419,6 +420,18 @@ def _reconciliation(f: dict[str, float], totals: dict) -> list:
             _p(
                 "No bill for this week yet (neither CUR nor Cost Explorer has it): "
                 "the dollars below are the price-table estimate where the cost source says so.",
+                note=True,
+            )
+        )
+    unknown = _num(totals.get("unknown_activity_usd"))
+    if _finite(unknown) and unknown > 0.005:
+        blocks.append(
+            _p(
+                Span("Unknown activity: ", strong=True),
+                f"{money(unknown)} of GPU time had no utilization reported (no DCGM_FI_DEV_GPU_UTIL, nor "
+                "GR_ENGINE_ACTIVE on MIG slices): it is counted neither as active nor as idle, so the idle "
+                "and per-dollar figures leave it out. gpu_samples' check core_columns_reported names the "
+                "GPUs and the metric names it looked for.",
                 note=True,
             )
         )

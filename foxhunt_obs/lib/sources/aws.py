@@ -9,6 +9,7 @@ value would override.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -85,12 +86,54 @@ def ce_service_name(code: str) -> str:
     return code
 
 
-def tag_column(key: str) -> str:
-    """A tag key as CUR 2.0 and Cost Explorer spell it, normalised: 'user:Project', 'user_project' and
-    'Project' all become 'project'."""
+def aws_snake(text: str) -> str:
+    """A name as AWS's billing data spells it in column names and CUR 2.0 map keys: an underscore before every
+    upper-case letter (each one, so acronyms go letter by letter: ARN -> a_r_n), lower case, every other
+    character that is not a letter or digit -> '_', runs of '_' as one, none at either end. Digits stay
+    attached ('k8s', 'avx2').
+
+    What the sources show (tests cite each case): camelCase splits (aws:ecs:serviceName ->
+    aws_ecs_service_name, lambda:createdBy -> lambda_created_by); consecutive capitals split per letter
+    (reservation/ReservationARN -> reservation_reservation_a_r_n, STAGE -> s_t_a_g_e,
+    AWSApplicationMigrationServiceManaged -> a_w_s_application_migration_service_managed); '.', '/', '-' and
+    ':' become '_' (app.kubernetes.io/part-of -> app_kubernetes_io_part_of). Runs of '_' collapse
+    (user:CostCenter -> user_cost_center, not user__cost_center); spaces and leading/trailing separators are
+    not shown by any source and follow the same rule."""
+    out: list[str] = []
+    for c in text:
+        if c.isupper():
+            out.append("_" + c.lower())
+        elif c.isalnum():
+            out.append(c)
+        else:
+            out.append("_")
+    return _UNDERSCORES.sub("_", "".join(out)).strip("_")
+
+
+_UNDERSCORES = re.compile(r"_+")
+
+
+def cur_tag_key(key: str) -> str:
+    """A tag key as CUR 2.0 writes it into resource_tags: 'user_' + aws_snake(key) for user-defined tags
+    (CostCenter -> user_cost_center, team:owner -> user_team_owner), aws_snake(key) for AWS-generated ones
+    (aws:createdBy -> aws_created_by)."""
     k = key.strip()
-    for prefix in ("user:", "user_", "resource_tags_user_"):
-        if k.lower().startswith(prefix):
+    return aws_snake(k) if k.startswith("aws:") else "user_" + aws_snake(k)
+
+
+def tag_column(key: str) -> str:
+    """The one normalised form of a tag key, whoever spells it: a configured key (FOXHUNT_COST_TAGS:
+    'CostCenter'), Cost Explorer's or legacy CUR's 'user:CostCenter' / 'resourceTags/user:CostCenter', a CUR 2.0
+    resource_tags key ('user_cost_center') or a legacy Athena column ('resource_tags_user_cost_center') all
+    become 'cost_center'; AWS-generated tags keep their 'aws_' ('aws:createdBy', 'aws_created_by' ->
+    'aws_created_by'). It is aws_snake() of the key without its user prefix, so a configured key meets the
+    spelling AWS writes. The prefixes are matched in lower case, as AWS writes them: 'User_Name' is a key of
+    its own (CUR: user_user_name -> 'user_name')."""
+    k = key.strip()
+    for prefix in ("resourceTags/", "resource_tags_"):
+        if k.startswith(prefix):
             k = k[len(prefix) :]
             break
-    return k.lower()
+    if k.startswith(("user:", "user_")):
+        k = k[len("user:") :]
+    return aws_snake(k)

@@ -140,9 +140,13 @@ class CurSource:
         self.bucket, self.prefix = split_s3(self.root_uri)
         if not self.prefix:
             raise ValueError(f"CUR root {root_uri!r} must name the export: s3://bucket/prefix/export-name")
+        self.tag_keys = tuple(tag_keys)
         self.tag_columns = tuple(tag_column(k) for k in tag_keys)
         self.files_read = 0  # data files and bytes read by the last line_items()
         self.bytes_read = 0
+        # configured key -> billing periods read by the last line_items() whose delivery has resource tags but
+        # none under that key (AWS spells CostCenter as user_cost_center: see aws.tag_column)
+        self.unmatched_tag_keys: dict[str, list[str]] = {}
 
     # -- manifests ---------------------------------------------------------------------------------------
     def newest_manifest(self, billing_period: str) -> Manifest | None:
@@ -191,9 +195,12 @@ class CurSource:
         """Lines whose usage starts in [start, end), from each overlapping period's newest manifest.
 
         Returns (COSTS_HOURLY table, billing periods skipped for lack of a manifest). Each data file is
-        read once, whatever the number of days asked for."""
+        read once, whatever the number of days asked for. Sets unmatched_tag_keys: each configured tag key
+        that no resource_tags key of a period's delivery (all its lines, not just the window's) matches,
+        while that delivery does carry tags, with those periods."""
         start, end = _utc(start), _utc(end)
         self.files_read = self.bytes_read = 0
+        self.unmatched_tag_keys = {}
         parts: list[pa.Table] = []
         skipped: list[str] = []
         for period in billing_periods(start, end):
@@ -201,8 +208,13 @@ class CurSource:
             if manifest is None:
                 skipped.append(period)
                 continue
+            seen: set[str] = set()  # normalised tag keys of the delivery
             for uri in manifest.data_files:
-                parts.append(self._read_file(uri, manifest, start, end, partition))
+                parts.append(self._read_file(uri, manifest, start, end, partition, seen))
+            if seen:
+                for key, col in zip(self.tag_keys, self.tag_columns):
+                    if col not in seen:
+                        self.unmatched_tag_keys.setdefault(key, []).append(period)
         if not parts:
             return COSTS_HOURLY.schema.empty_table(), skipped
         table = pa.concat_tables(parts)
@@ -216,7 +228,7 @@ class CurSource:
             raise CurError(f"CUR {what} {uri}: get_object failed: {e}") from e
 
     def _read_file(
-        self, uri: str, manifest: Manifest, start: datetime, end: datetime, partition: str
+        self, uri: str, manifest: Manifest, start: datetime, end: datetime, partition: str, seen: set[str]
     ) -> pa.Table:
         where = f"CUR file {uri} (manifest {manifest.uri}{_for(partition)})"
         data = self._get(uri, f"data file (manifest {manifest.uri})")
@@ -234,6 +246,7 @@ class CurSource:
         except (pa.ArrowException, OSError) as e:
             raise CurError(f"{where}: unreadable Parquet: {e}") from e
 
+        seen.update(tag_column(k) for k in _tag_keys(table.column(TAGS)))
         hours = _timestamps(table.column(USAGE_START), where)
         keep = pc.and_(pc.greater_equal(hours, pa.scalar(start, TS)), pc.less(hours, pa.scalar(end, TS)))
         keep = pc.fill_null(keep, False)
@@ -276,7 +289,8 @@ class CurSource:
 
     def _tags(self, raw: Any, where: str, row: int) -> tuple[str, str, str, str]:
         """resource_tags (map<string,string>, or a JSON object in a string) -> project, environment,
-        experiment and the JSON of all tags under normalised keys ('user_project' -> 'project')."""
+        experiment and the JSON of all tags under normalised keys (aws.tag_column: 'user_project' ->
+        'project', 'user_cost_center' -> 'cost_center', 'aws_created_by' stays)."""
         if raw is None:
             items: list = []
         elif isinstance(raw, str):
@@ -302,6 +316,31 @@ class CurSource:
                 tags.setdefault(nk, "" if v is None else str(v))
         p, e, x = (tags.get(c, "") for c in self.tag_columns)
         return p, e, x, json.dumps(tags, sort_keys=True, separators=(",", ":"))
+
+
+def _tag_keys(col: pa.ChunkedArray) -> set[str]:
+    """Every resource_tags key in a file, as written. A JSON text that does not parse is skipped here (a line
+    in the window that carries one fails in _tags)."""
+    arr = col.combine_chunks()
+    if isinstance(arr, pa.MapArray):
+        return {str(k) for k in pc.unique(arr.keys).to_pylist() if k is not None}
+    keys: set[str] = set()
+    values = (
+        pc.unique(arr).to_pylist()
+        if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
+        else arr.to_pylist()
+    )
+    for raw in values:
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw) if raw.strip() else {}
+            except ValueError:
+                continue
+        if isinstance(raw, dict):
+            keys.update(str(k) for k in raw)
+        elif isinstance(raw, list):
+            keys.update(str(kv[0]) for kv in raw if isinstance(kv, (list, tuple)) and kv)
+    return keys
 
 
 def _distinct(col: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:

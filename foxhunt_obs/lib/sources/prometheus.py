@@ -224,8 +224,9 @@ class PrometheusClient:
         try:
             result = self.api.custom_query(query, params={"time": at})
         except Exception as e:  # the client raises its own and requests' exceptions
+            why = f"cannot connect: {e}" if isinstance(e, requests.ConnectionError) else str(e)
             raise PrometheusError(
-                f"Prometheus at {self.url}: query {query} at {iso(at)}{_for(what)}: {e}"
+                f"Prometheus at {self.url}: query {query} at {iso(at)}{_for(what)}: {why}"
             ) from e
         return [(r["metric"], float(r["value"][1])) for r in result]
 

@@ -31,27 +31,54 @@ node_cost AS (
   LEFT JOIN ec2_prices p ON p.instance_type = n.instance_type
   GROUP BY ALL
 ),
+-- A MIG GPU reports one row per slice: the node's cost is split over its GPUs (not its rows), and a
+-- GPU's over its slices by their gpu_share; what no slice covers is cluster idle (kind mig_unsliced).
 gpus AS (
-  SELECT g.*, count(*) OVER (PARTITION BY g.node, g.hour) AS gpus_on_node
-  FROM gpu_hourly g WHERE strftime(g.hour, '%Y-%m-%d') = $key
+  -- gpu_hourly partitions written before the MIG and activity columns existed: whole GPUs, util known
+  SELECT g.* REPLACE (coalesce(g.gpu_share, 1.0) AS gpu_share, coalesce(g.gpu_profile, '') AS gpu_profile,
+                      coalesce(g.activity_seconds, g.seconds_with_data) AS activity_seconds),
+         n.gpus_on_node
+  FROM gpu_hourly g
+  JOIN (SELECT node, hour, count(DISTINCT uuid) AS gpus_on_node FROM gpu_hourly
+        WHERE strftime(hour, '%Y-%m-%d') = $key GROUP BY ALL) n USING (node, hour)
+  WHERE strftime(g.hour, '%Y-%m-%d') = $key
+),
+unsliced AS (
+  SELECT hour, node, gpu, uuid, any_value(gpus_on_node) AS gpus_on_node,
+         1 - sum(gpu_share) AS share, max(seconds_with_data) AS seconds_with_data
+  FROM gpus WHERE gpu_instance IS NOT NULL GROUP BY ALL HAVING sum(gpu_share) < 1 - 1e-9
 ),
 gpu_rows AS (
-  SELECT g.hour, g.node, g.gpu, g.uuid, g.pod, g.namespace,
+  SELECT g.hour, g.node, g.gpu, g.uuid, g.gpu_instance, g.gpu_profile, g.gpu_share, g.pod, g.namespace,
          CASE WHEN g.pod = '' THEN '' ELSE g.experiment END AS experiment,
          'gpu' AS kind, 'AmazonEC2' AS service, coalesce(c.instance_ids, '') AS resource_id,
-         g.seconds_with_data AS gpu_seconds, g.held_seconds, g.active_gpu_seconds, g.energy_kwh,
-         coalesce(c.cost_usd, 0) / g.gpus_on_node AS gpu_cost,
+         -- GPU-seconds: a slice's seconds count for its share of the GPU
+         g.seconds_with_data * g.gpu_share AS gpu_seconds, g.held_seconds * g.gpu_share AS held_seconds,
+         g.active_gpu_seconds, g.energy_kwh,
+         coalesce(c.cost_usd, 0) / g.gpus_on_node * g.gpu_share AS gpu_cost,
          coalesce(least(g.held_seconds / nullif(g.seconds_with_data, 0), 1), 0) AS held_frac,
-         coalesce(least(g.active_gpu_seconds / nullif(g.held_seconds, 0), 1), 0) AS active_frac,
+         -- of the held seconds, the part whose activity is known (util reported) ...
+         coalesce(least(g.activity_seconds / nullif(g.seconds_with_data, 0), 1), 0) AS known_frac,
+         -- ... and how busy it was then; NULL where nothing is known
+         least(g.active_gpu_seconds
+               / nullif(g.gpu_share * g.held_seconds * g.activity_seconds / g.seconds_with_data, 0), 1)
+           AS active_frac,
          coalesce(c.cost_source, 'estimate') AS cost_source
   FROM gpus g LEFT JOIN node_cost c USING (node, hour)
+  UNION ALL
+  SELECT u.hour, u.node, u.gpu, u.uuid, NULL, 'unsliced', u.share, '', '', '', 'mig_unsliced', 'AmazonEC2',
+         coalesce(c.instance_ids, ''), u.seconds_with_data * u.share, 0.0, 0.0, 0.0,
+         coalesce(c.cost_usd, 0) / u.gpus_on_node * u.share, 0.0, 1.0, 0.0,
+         coalesce(c.cost_source, 'estimate')
+  FROM unsliced u LEFT JOIN node_cost c USING (node, hour)
 ),
 -- node-hours that cost money but had no GPU rows (dcgm-exporter down): nobody to charge, cluster idle
 orphan_node_rows AS (
-  SELECT c.hour, c.node, NULL::INTEGER AS gpu, '' AS uuid, '' AS pod, '' AS namespace, '' AS experiment,
+  SELECT c.hour, c.node, NULL::INTEGER AS gpu, '' AS uuid, NULL::INTEGER AS gpu_instance, '' AS gpu_profile,
+         NULL::DOUBLE AS gpu_share, '' AS pod, '' AS namespace, '' AS experiment,
          'node_without_gpus' AS kind, 'AmazonEC2' AS service, c.instance_ids AS resource_id,
          0.0 AS gpu_seconds, 0.0 AS held_seconds, 0.0 AS active_gpu_seconds, 0.0 AS energy_kwh,
-         c.cost_usd AS gpu_cost, 0.0 AS held_frac, 0.0 AS active_frac, c.cost_source
+         c.cost_usd AS gpu_cost, 0.0 AS held_frac, 1.0 AS known_frac, 0.0 AS active_frac, c.cost_source
   FROM node_cost c ANTI JOIN gpus g USING (node, hour)
 ),
 -- everything else on the bill: lines of no node-hour above (per instance and hour). With CUR: its other lines; before the
@@ -73,7 +100,8 @@ held AS (
 ),
 -- a tagged line goes to its experiment; untagged ones are shared by GPU-hours held that day
 other_rows AS (
-  SELECT $day::TIMESTAMPTZ AS hour, '' AS node, NULL::INTEGER AS gpu, '' AS uuid, '' AS pod, '' AS namespace,
+  SELECT $day::TIMESTAMPTZ AS hour, '' AS node, NULL::INTEGER AS gpu, '' AS uuid, NULL::INTEGER AS gpu_instance,
+         '' AS gpu_profile, NULL::DOUBLE AS gpu_share, '' AS pod, '' AS namespace,
          CASE WHEN o.experiment <> '' THEN o.experiment ELSE coalesce(h.experiment, '') END AS experiment,
          CASE WHEN o.experiment <> '' THEN 'tagged' ELSE 'shared' END AS kind,
          o.service, o.resource_id,
@@ -82,7 +110,7 @@ other_rows AS (
                            ELSE h.held_seconds / (SELECT sum(held_seconds) FROM held) END AS gpu_cost,
          -- nobody held a GPU that day: the shared lines are cluster idle
          CASE WHEN o.experiment <> '' OR h.experiment IS NOT NULL THEN 1.0 ELSE 0.0 END AS held_frac,
-         1.0 AS active_frac, o.cost_source
+         1.0 AS known_frac, 1.0 AS active_frac, o.cost_source
   FROM other_lines o LEFT JOIN held h ON o.experiment = '' 
 ),
 rows AS (
@@ -92,7 +120,11 @@ SELECT hour, node, gpu, uuid, pod, namespace, experiment, kind, service, resourc
        gpu_seconds, held_seconds, active_gpu_seconds, energy_kwh,
        gpu_cost * held_frac AS allocated_usd,
        gpu_cost * (1 - held_frac) AS unallocated_usd,
-       CASE WHEN kind = 'gpu' THEN gpu_cost * held_frac * (1 - active_frac) ELSE 0 END AS idle_usd,
-       cost_source
+       -- idle $ only where activity is known; the rest is unknown_activity_usd, never counted as idle
+       CASE WHEN kind = 'gpu' THEN coalesce(gpu_cost * held_frac * known_frac * (1 - active_frac), 0)
+            ELSE 0 END AS idle_usd,
+       cost_source, gpu_instance, gpu_profile, gpu_share,
+       CASE WHEN kind = 'gpu' THEN gpu_cost * held_frac * (1 - CASE WHEN active_frac IS NULL THEN 0 ELSE known_frac END)
+            ELSE 0 END AS unknown_activity_usd
 FROM rows
-ORDER BY hour, kind, node, gpu, experiment, service, resource_id
+ORDER BY hour, kind, node, gpu, gpu_instance NULLS FIRST, experiment, service, resource_id

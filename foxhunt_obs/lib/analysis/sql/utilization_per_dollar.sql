@@ -9,7 +9,8 @@ per_experiment AS (
          sum(allocated_usd) AS allocated_usd,
          sum(idle_usd) AS idle_usd,
          sum(energy_kwh) AS energy_kwh,
-         string_agg(DISTINCT cost_source, '+' ORDER BY cost_source) AS cost_source
+         string_agg(DISTINCT cost_source, '+' ORDER BY cost_source) AS cost_source,
+         sum(unknown_activity_usd) AS unknown_activity_usd
   FROM a WHERE experiment <> '' GROUP BY experiment
 ),
 cluster AS (
@@ -18,7 +19,8 @@ cluster AS (
          coalesce(sum(active_gpu_seconds) FILTER (WHERE kind = 'gpu' AND experiment = ''), 0) / 3600.0,
          sum(unallocated_usd), sum(unallocated_usd),
          coalesce(sum(energy_kwh) FILTER (WHERE experiment = ''), 0),
-         string_agg(DISTINCT cost_source, '+' ORDER BY cost_source) FILTER (WHERE unallocated_usd > 0)
+         string_agg(DISTINCT cost_source, '+' ORDER BY cost_source) FILTER (WHERE unallocated_usd > 0),
+         0.0
   FROM a HAVING count(*) > 0
 ),
 rows AS (SELECT * FROM per_experiment UNION ALL SELECT * FROM cluster)
@@ -27,5 +29,5 @@ SELECT CAST($key AS DATE) AS day, experiment, gpu_hours, active_gpu_hours,
        allocated_usd, idle_usd,
        active_gpu_hours / nullif(allocated_usd, 0) AS active_gpu_hours_per_usd,
        allocated_usd / nullif(active_gpu_hours, 0) AS usd_per_active_gpu_hour,
-       energy_kwh, coalesce(cost_source, '') AS cost_source
+       energy_kwh, coalesce(cost_source, '') AS cost_source, unknown_activity_usd
 FROM rows ORDER BY experiment = '(cluster idle)', experiment

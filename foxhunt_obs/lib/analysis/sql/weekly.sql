@@ -10,7 +10,8 @@ SELECT experiment, sum(gpu_hours) AS gpu_hours, sum(active_gpu_hours) AS active_
        sum(active_gpu_hours) / nullif(sum(allocated_usd), 0) AS active_gpu_hours_per_usd,
        sum(allocated_usd) / nullif(sum(active_gpu_hours), 0) AS usd_per_active_gpu_hour,
        sum(energy_kwh) AS energy_kwh,
-       string_agg(DISTINCT nullif(cost_source, ''), '+' ORDER BY nullif(cost_source, '')) AS cost_source
+       string_agg(DISTINCT nullif(cost_source, ''), '+' ORDER BY nullif(cost_source, '')) AS cost_source,
+       coalesce(sum(unknown_activity_usd), 0) AS unknown_activity_usd
 FROM utilization_per_dollar WHERE day >= $first AND day <= $last
 GROUP BY experiment ORDER BY experiment = '(cluster idle)', allocated_usd DESC, experiment;
 -- name: wastes

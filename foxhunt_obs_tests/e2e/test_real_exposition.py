@@ -1,0 +1,266 @@
+"""Real exporters' pages, scraped by a real Prometheus as each deployment ships its scrape config.
+
+The pages are public samples (foxhunt_obs_tests/fixtures/real/dcgm/, each with its source), served as
+they are. Each scrape job carries the target labels Kubernetes service discovery gives that
+deployment's ServiceMonitor (prometheus-operator attaches namespace, service, pod, container, endpoint;
+static labels here are target labels exactly as relabelled SD labels are) and its honor_labels:
+
+* NVIDIA GPU Operator: container nvidia-dcgm-exporter, honorLabels false (its ServiceMonitor default);
+* NVIDIA's dcgm-exporter Helm chart: container `exporter`, honorLabels false (the chart's default);
+* a ServiceMonitor with honorLabels true (as NVIDIA/aicr sets it), on a MIG page;
+* the foxhunt exporter as deploy/servicemonitor.yaml scrapes it (honorLabels true, the target's pod
+  labels dropped).
+
+Then the ingest (collect_gpu_samples) and the generated recording rules must agree on who holds what.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from foxhunt_obs.lib.analysis.catalog import load_catalog
+from foxhunt_obs.lib.analysis.gpu_series import Window, collect_gpu_samples, missing_core_columns
+from foxhunt_obs.lib.sources.prometheus import PrometheusClient
+from foxhunt_obs.sandbox.local_server import free_port, kill_group
+from foxhunt_obs.sandbox.prometheus import PrometheusServer, start_fake_exporter
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dcgm"
+ROOT = Path(__file__).resolve().parents[2]
+NODE_LABELS = ("node", "kubernetes_node", "Hostname", "hostname", "instance")
+
+OPERATOR_POD = "nvidia-dcgm-exporter-7fq2x"
+CHART_POD = "dcgm-exporter-x9k2p"
+AICR_POD = "nvidia-dcgm-exporter-b4w9c"
+PAGES = {
+    "/operator": "dcgm-exporter-4x-gpu-operator-h100-pods.prom",
+    "/chart": "dcgm-exporter-4x-vgpu-xid-errcode.prom",
+    "/mig": "dcgm-exporter-mig-h100-pods-issue512.prom",
+    "/mig-no-util": "dcgm-exporter-mig-a800-hostname-pre337.prom",
+}
+
+
+def _target(job, port, path, honor, labels, relabel=None):
+    cfg = {
+        "job_name": job,
+        "metrics_path": path,
+        "honor_labels": honor,
+        "scrape_interval": "1s",
+        "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": labels}],
+    }
+    if relabel:
+        cfg["relabel_configs"] = relabel
+    return cfg
+
+
+class _ScrapingPrometheus(PrometheusServer):
+    def __init__(self, workdir: Path, scrape_configs: list[dict], rule_files: tuple[Path, ...]):
+        super().__init__(workdir / "tsdb", workdir=workdir, rule_files=rule_files)
+        self.scrape_configs = scrape_configs
+
+    def _config(self) -> str:
+        return json.dumps(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(p) for p in self.rule_files],
+                "scrape_configs": self.scrape_configs,
+            }
+        )
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    work = tmp_path_factory.mktemp("real-pages")
+    bodies = {path: (REAL / name).read_bytes() for path, name in PAGES.items()}
+
+    class Pages(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = bodies.get(self.path)
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    pages = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Pages)
+    threading.Thread(target=pages.serve_forever, daemon=True).start()
+    port = pages.server_address[1]
+    exporter_port = free_port()
+    exporter = start_fake_exporter(exporter_port, work, interval=0.5, hostname="foxhunt-node")
+    scrape = [
+        _target(
+            "nvidia-dcgm-exporter",
+            port,
+            "/operator",
+            False,
+            {
+                "namespace": "gpu-operator",
+                "pod": OPERATOR_POD,
+                "container": "nvidia-dcgm-exporter",
+                "service": "nvidia-dcgm-exporter",
+                "endpoint": "gpu-metrics",
+            },
+        ),
+        _target(
+            "dcgm-exporter",
+            port,
+            "/chart",
+            False,
+            {
+                "namespace": "gpu-monitoring",
+                "pod": CHART_POD,
+                "container": "exporter",
+                "service": "dcgm-exporter",
+                "endpoint": "metrics",
+            },
+        ),
+        _target(
+            "dcgm-exporter-honor",
+            port,
+            "/mig",
+            True,
+            {
+                "namespace": "gpu-operator",
+                "pod": AICR_POD,
+                "container": "nvidia-dcgm-exporter",
+                "service": "nvidia-dcgm-exporter",
+                "endpoint": "gpu-metrics",
+            },
+        ),
+        _target(
+            "dcgm-exporter-a800",
+            port,
+            "/mig-no-util",
+            False,
+            {"namespace": "monitoring", "pod": "dcgm-exporter-a800", "container": "exporter"},
+        ),
+        # deploy/servicemonitor.yaml: honorLabels true and the target's pod/namespace/container dropped
+        _target(
+            "foxhunt-gpu-exporter",
+            exporter_port,
+            "/metrics",
+            True,
+            {"namespace": "monitoring", "pod": "foxhunt-gpu-exporter-abcde", "container": "exporter"},
+            relabel=[{"regex": "pod|namespace|container", "action": "labeldrop"}],
+        ),
+    ]
+    server = _ScrapingPrometheus(work, scrape, (ROOT / "deploy/prometheus/foxhunt-recording-rules.yaml",))
+    server.start()
+    client = PrometheusClient(server.url, timeout_s=10)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # every target scraped, the rules evaluated a few times
+            up = client.query("count(up == 1)", time.time())
+            rules = client.query("count(foxhunt:gpu_util:ratio)", time.time())
+            if up and up[0][1] == len(scrape) and rules and rules[0][1] >= 17:
+                break
+            time.sleep(0.5)
+        time.sleep(3)
+        end = float(int(time.time()))
+        table = collect_gpu_samples(
+            client, load_catalog(), Window(end - 4, end, 1.0, "real pages"), node_labels=NODE_LABELS
+        )
+        rules = client.query("foxhunt:gpu_util:ratio", end)
+        yield table.to_pandas(), rules
+    finally:
+        server.stop()
+        kill_group(exporter.pid, 10, exporter)
+        pages.shutdown()
+
+
+def _holders(df, uuid):
+    rows = df[df["uuid"] == uuid]
+    return sorted(
+        {
+            (r.gpu_instance if r.gpu_instance == r.gpu_instance else None, r.namespace, r.pod)
+            for r in rows.itertuples()
+        },
+        key=str,
+    )
+
+
+def test_gpu_operator_page_unheld_gpus_are_not_the_exporter_pods(scraped):
+    df, _ = scraped
+    node = df[df["node"] == "gpu-node-1"]
+    assert node["uuid"].nunique() == 8
+    held = node[node["pod"] != ""]
+    assert set(held["gpu"]) == {0}
+    assert set(held["pod"]) == {"vllm-agg-0-vllmdecodeworker-s65j5"}
+    assert set(held["namespace"]) == {"dynamo-workload"} and set(held["container"]) == {"main"}
+    assert OPERATOR_POD not in set(df["pod"])
+    # percent -> ratio, on ingest
+    assert node["util"].between(0, 1).all()
+
+
+def test_helm_chart_exporter_container_named_exporter_holds_nothing(scraped):
+    df, _ = scraped
+    vgpu = df[df["uuid"] == "GPU-f809e614-a528-4083-acbf-334600000000"]
+    assert len(vgpu) and set(vgpu["pod"]) == {""} and set(vgpu["namespace"]) == {""}
+    assert CHART_POD not in set(df["pod"])
+    # err_code / err_msg on the XID series: still one row per GPU and step
+    assert not vgpu.duplicated(["ts"]).any()
+    assert set(vgpu["xid_last"]) == {0.0}
+
+
+def test_mig_slices_are_rows_of_their_own_with_their_own_holders(scraped):
+    df, _ = scraped
+    mig = df[df["uuid"] == "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"]
+    by_slice = {int(i): set(g["pod"]) for i, g in mig.groupby("gpu_instance")}
+    assert by_slice == {
+        7: {"text-embedding-predictor-00008-deployment-57946f6c67-vdtjl"},
+        8: {""},  # honor_labels true: the target's own pod filled in, recognised as no holder
+        9: {"tts-predictor-00011-deployment-5554f75554-8j8pl"},
+    }
+    assert set(mig["gpu_profile"]) == {"1g.10gb"}
+    assert mig["gpu_share"].round(12).eq(round(1 / 7, 12)).all()  # 1g on an H100: 1 of 7 compute slices
+    # no GPU_UTIL on slices: util is GR_ENGINE_ACTIVE, and the row says so
+    assert set(mig["util_basis"]) == {"DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+    assert mig["util"].eq(0).all()
+    assert not mig.duplicated(["ts", "gpu_instance"]).any()
+
+
+def test_mig_without_any_activity_field_is_named_not_idle(scraped):
+    """The A800 page's MIG GPU has neither GPU_UTIL nor GR_ENGINE_ACTIVE: util stays unknown and
+    the core-columns guard names what it looked for."""
+    df, _ = scraped
+    a800 = df[df["uuid"] == "GPU-1f027ee8-6e1e-2b8c-0108-3d370e5f0418"]
+    assert sorted(set(a800["gpu_instance"].astype(int))) == [3, 5, 6]
+    assert a800["util"].isna().all() and set(a800["util_basis"]) == {""}
+    assert a800["mem_used_bytes"].eq(10 * 2**20).all()  # FB per slice, MiB -> bytes
+    assert a800["gpu_share"].round(12).eq(round(2 / 7, 12)).all()
+    import pyarrow as pa
+
+    missing = missing_core_columns(pa.Table.from_pandas(df, preserve_index=False), load_catalog())
+    assert "util" in missing
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"} <= set(missing["util"]["looked_for"])
+    assert missing["util"]["gpus"] >= 3
+
+
+def test_foxhunt_exporter_as_its_servicemonitor_scrapes_it(scraped):
+    df, _ = scraped
+    ours = df[df["node"] == "foxhunt-node"]
+    assert len(ours) and set(ours["pod"]) == {""}
+    assert set(ours["util_basis"]) == {"foxhunt_gpu_utilization_percent"}
+    assert ours["mem_total_bytes"].gt(0).all()
+
+
+def test_recording_rules_agree_with_the_ingest_on_holders(scraped):
+    df, rules = scraped
+    live = {
+        (x.get("uuid", ""), x.get("gpu_instance", ""), x.get("pod", ""))
+        for x, _ in rules
+        if x.get("uuid") in set(df["uuid"])
+    }
+    ingest = {
+        (r.uuid, "" if r.gpu_instance != r.gpu_instance else str(int(r.gpu_instance)), r.pod)
+        for r in df[df["util"].notna()].drop_duplicates(["uuid", "gpu_instance"]).itertuples()
+    }
+    assert live == ingest
+    assert not any(p in (OPERATOR_POD, CHART_POD, AICR_POD) for _, _, p in live)
