@@ -252,6 +252,15 @@ def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
                 "nvlink_bandwidth_total": cells(util * 1.2e11),
                 "gr_engine_active": cells(util * 0.96),
                 "step_seconds": np.full(n_rows, STEP),
+                # whole GPUs (no MIG), util from DCGM_FI_DEV_GPU_UTIL, stock counters (no remap events)
+                "gpu_instance": pa.nulls(n_rows, pa.int32()),
+                "gpu_profile": dictionary(np.full(n_rows, -1), lambda x: ""),
+                "gpu_share": np.ones(n_rows),
+                "util_basis": dictionary(np.zeros(n_rows, np.int64), lambda x: "DCGM_FI_DEV_GPU_UTIL"),
+                "mem_reserved_bytes": np.full(n_rows, 559.0 * 2**20),
+                "rows_remapped_uncorrectable_total": np.zeros(n_rows),
+                "rows_remapped_correctable_total": np.zeros(n_rows),
+                "row_remap_failure": np.zeros(n_rows),
             },
             schema=GPU_SAMPLES.schema,
         )
@@ -656,6 +665,7 @@ def run_ours(root: str) -> dict:
 PANDAS_COLUMNS = [
     "ts", "node", "gpu", "uuid", "model", "namespace", "pod", "experiment", "util", "step_seconds",
     "energy_joules", "temp_celsius", "power_watts", "mem_used_bytes", "ecc_sbe_total", "ecc_dbe_total",
+    "util_basis",
 ]  # fmt: skip
 
 
@@ -691,6 +701,7 @@ def run_pandas(root: str, out_root: str) -> dict:
     is_held = (df["pod"] != "").to_numpy()
     df["active"] = df["util"] * df["step_seconds"]
     df["held_s"] = np.where(is_held, df["step_seconds"], 0.0)
+    df["known_s"] = np.where(df["util"].notna(), df["step_seconds"], 0.0)
     keys = ["hour", "node", "gpu", "uuid"]
     g = df.groupby(keys, observed=True, sort=True)
     out = g.agg(
@@ -706,6 +717,8 @@ def run_pandas(root: str, out_root: str) -> dict:
         mem_used_max_bytes=("mem_used_bytes", "max"),
         ecc_sbe_delta=("inc_sbe", "sum"),
         ecc_dbe_delta=("inc_dbe", "sum"),
+        activity_seconds=("known_s", "sum"),
+        util_basis=("util_basis", "first"),
     )
     out["util_p95"] = g["util"].quantile(0.95)
     out["energy_kwh"] = out.pop("energy_j") / 3.6e6
@@ -727,6 +740,9 @@ def run_pandas(root: str, out_root: str) -> dict:
     out["namespace"] = out["namespace"].fillna("")
     out["experiment"] = out["experiment"].fillna("unattributed")
     out["pods_seen"] = out["pods_seen"].fillna(0).astype("int32")
+    # the bench's cluster has no MIG: whole GPUs (the lake's own SQL handles slices)
+    out["gpu_instance"], out["gpu_profile"], out["gpu_share"] = None, "", 1.0
+    out["util_basis"] = out["util_basis"].astype(object)
     parts["groupby"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -201,7 +201,8 @@ def summary(start: datetime, end: datetime) -> str:
     params = [start, end]
     where = "WHERE hour >= ? AND hour < ?"
     total = con.execute(
-        f"""SELECT count(DISTINCT uuid), sum(seconds_with_data) / 3600, sum(active_gpu_seconds) / 3600,
+        # GPU-hours weighed by gpu_share: a MIG slice counts for its part of its GPU
+        f"""SELECT count(DISTINCT uuid), sum(seconds_with_data * gpu_share) / 3600, sum(active_gpu_seconds) / 3600,
                    sum(energy_kwh), sum(ecc_sbe_delta), sum(ecc_dbe_delta) FROM gpu_hourly {where}""",
         params,
     ).fetchone()
@@ -210,9 +211,10 @@ def summary(start: datetime, end: datetime) -> str:
 
     def table(by: str) -> str:
         rows = con.execute(
-            f"""SELECT {by}, count(DISTINCT uuid) AS gpus, round(sum(seconds_with_data) / 3600, 1) AS gpu_hours,
+            f"""SELECT {by}, count(DISTINCT uuid) AS gpus,
+                       round(sum(seconds_with_data * gpu_share) / 3600, 1) AS gpu_hours,
                        round(sum(active_gpu_seconds) / 3600, 1) AS active_gpu_hours,
-                       round(100 * sum(active_gpu_seconds) / sum(seconds_with_data), 1) AS mean_util_pct
+                       round(100 * sum(active_gpu_seconds) / sum(activity_seconds * gpu_share), 1) AS mean_util_pct
                 FROM gpu_hourly {where} GROUP BY {by} ORDER BY {by}""",
             params,
         ).fetch_df()
@@ -243,8 +245,8 @@ def training_summary(day: str) -> str:
     rows = lake.query(
         """
         WITH gpu AS (
-          SELECT experiment, round(sum(seconds_with_data) / 3600, 1) AS gpu_hours,
-                 round(100 * sum(active_gpu_seconds) / sum(seconds_with_data), 1) AS gpu_util_pct
+          SELECT experiment, round(sum(seconds_with_data * gpu_share) / 3600, 1) AS gpu_hours,
+                 round(100 * sum(active_gpu_seconds) / sum(activity_seconds * gpu_share), 1) AS gpu_util_pct
           FROM gpu_hourly WHERE strftime(hour, '%Y-%m-%d') = $day GROUP BY experiment
         ),
         h AS (

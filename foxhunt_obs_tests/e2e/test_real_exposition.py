@@ -25,12 +25,18 @@ from pathlib import Path
 import pytest
 
 from foxhunt_obs.lib.analysis.catalog import load_catalog
-from foxhunt_obs.lib.analysis.gpu_series import Window, collect_gpu_samples, missing_core_columns
+from foxhunt_obs.lib.analysis.gpu_series import (
+    Window,
+    collect_gpu_samples,
+    collect_node_samples,
+    missing_core_columns,
+)
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 from foxhunt_obs.sandbox.local_server import free_port, kill_group
 from foxhunt_obs.sandbox.prometheus import PrometheusServer, start_fake_exporter
 
-REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dcgm"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real"
+REAL = FIXTURES / "dcgm"
 ROOT = Path(__file__).resolve().parents[2]
 NODE_LABELS = ("node", "kubernetes_node", "Hostname", "hostname", "instance")
 
@@ -42,6 +48,8 @@ PAGES = {
     "/chart": "dcgm-exporter-4x-vgpu-xid-errcode.prom",
     "/mig": "dcgm-exporter-mig-h100-pods-issue512.prom",
     "/mig-no-util": "dcgm-exporter-mig-a800-hostname-pre337.prom",
+    "/ksm": "../kube_state_metrics.prom",
+    "/node-exporter": "../node_exporter.prom",
 }
 
 
@@ -141,6 +149,27 @@ def scraped(tmp_path_factory):
             False,
             {"namespace": "monitoring", "pod": "dcgm-exporter-a800", "container": "exporter"},
         ),
+        # kube-prometheus-stack: kube-state-metrics with honorLabels true; node_exporter on the node's
+        # IP (hostNetwork), no node label: the KSM page's node 127.0.0.1 has internal_ip 1.2.3.4
+        _target(
+            "kube-state-metrics",
+            port,
+            "/ksm",
+            True,
+            {"namespace": "monitoring", "pod": "kube-state-metrics-6f8d9", "container": "kube-state-metrics"},
+        ),
+        _target(
+            "node-exporter",
+            port,
+            "/node-exporter",
+            False,
+            {
+                "instance": "1.2.3.4:9100",
+                "namespace": "monitoring",
+                "pod": "node-exporter-q7x2m",
+                "container": "node-exporter",
+            },
+        ),
         # deploy/servicemonitor.yaml: honorLabels true and the target's pod/namespace/container dropped
         _target(
             "foxhunt-gpu-exporter",
@@ -168,7 +197,10 @@ def scraped(tmp_path_factory):
             client, load_catalog(), Window(end - 4, end, 1.0, "real pages"), node_labels=NODE_LABELS
         )
         rules = client.query("foxhunt:gpu_util:ratio", end)
-        yield table.to_pandas(), rules
+        nodes = collect_node_samples(
+            client, load_catalog(), Window(end - 4, end, 1.0, "real pages"), node_labels=NODE_LABELS
+        )
+        yield table.to_pandas(), rules, nodes.to_pandas()
     finally:
         server.stop()
         kill_group(exporter.pid, 10, exporter)
@@ -187,7 +219,7 @@ def _holders(df, uuid):
 
 
 def test_gpu_operator_page_unheld_gpus_are_not_the_exporter_pods(scraped):
-    df, _ = scraped
+    df, _, _ = scraped
     node = df[df["node"] == "gpu-node-1"]
     assert node["uuid"].nunique() == 8
     held = node[node["pod"] != ""]
@@ -200,7 +232,7 @@ def test_gpu_operator_page_unheld_gpus_are_not_the_exporter_pods(scraped):
 
 
 def test_helm_chart_exporter_container_named_exporter_holds_nothing(scraped):
-    df, _ = scraped
+    df, _, _ = scraped
     vgpu = df[df["uuid"] == "GPU-f809e614-a528-4083-acbf-334600000000"]
     assert len(vgpu) and set(vgpu["pod"]) == {""} and set(vgpu["namespace"]) == {""}
     assert CHART_POD not in set(df["pod"])
@@ -210,7 +242,7 @@ def test_helm_chart_exporter_container_named_exporter_holds_nothing(scraped):
 
 
 def test_mig_slices_are_rows_of_their_own_with_their_own_holders(scraped):
-    df, _ = scraped
+    df, _, _ = scraped
     mig = df[df["uuid"] == "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"]
     by_slice = {int(i): set(g["pod"]) for i, g in mig.groupby("gpu_instance")}
     assert by_slice == {
@@ -229,7 +261,7 @@ def test_mig_slices_are_rows_of_their_own_with_their_own_holders(scraped):
 def test_mig_without_any_activity_field_is_named_not_idle(scraped):
     """The A800 page's MIG GPU has neither GPU_UTIL nor GR_ENGINE_ACTIVE: util stays unknown and
     the core-columns guard names what it looked for."""
-    df, _ = scraped
+    df, _, _ = scraped
     a800 = df[df["uuid"] == "GPU-1f027ee8-6e1e-2b8c-0108-3d370e5f0418"]
     assert sorted(set(a800["gpu_instance"].astype(int))) == [3, 5, 6]
     assert a800["util"].isna().all() and set(a800["util_basis"]) == {""}
@@ -244,7 +276,7 @@ def test_mig_without_any_activity_field_is_named_not_idle(scraped):
 
 
 def test_foxhunt_exporter_as_its_servicemonitor_scrapes_it(scraped):
-    df, _ = scraped
+    df, _, _ = scraped
     ours = df[df["node"] == "foxhunt-node"]
     assert len(ours) and set(ours["pod"]) == {""}
     assert set(ours["util_basis"]) == {"foxhunt_gpu_utilization_percent"}
@@ -252,7 +284,7 @@ def test_foxhunt_exporter_as_its_servicemonitor_scrapes_it(scraped):
 
 
 def test_recording_rules_agree_with_the_ingest_on_holders(scraped):
-    df, rules = scraped
+    df, rules, _ = scraped
     live = {
         (x.get("uuid", ""), x.get("gpu_instance", ""), x.get("pod", ""))
         for x, _ in rules
@@ -264,3 +296,14 @@ def test_recording_rules_agree_with_the_ingest_on_holders(scraped):
     }
     assert live == ingest
     assert not any(p in (OPERATOR_POD, CHART_POD, AICR_POD) for _, _, p in live)
+
+
+def test_node_exporter_scraped_by_ip_lands_on_the_kube_node(scraped):
+    """kube_node_info{internal_ip} names the node of a node_exporter scraped by IP, and its
+    provider_id the instance (both lines verbatim from kube-state-metrics' tests)."""
+    _, _, nodes = scraped
+    assert set(nodes["node"]) == {"127.0.0.1"}
+    assert set(nodes["instance_id"]) == {"i-uniqueid"}  # two series of the node: the newest, then the id
+    # node_exporter 1.3.1's MemTotal and MemAvailable (fixtures/real/node_exporter.prom)
+    assert nodes["mem_total_bytes"].eq(1.01888e9).all()
+    assert nodes["mem_used_bytes"].eq(1.01888e9 - 7.11532544e8).all()

@@ -248,3 +248,17 @@ def test_kube_label_name():
 )
 def test_kube_label_name_as_kube_state_metrics_spells_it(label, expected):
     assert kube_label_name(label) == expected
+
+
+def test_both_spellings_of_dcgm_exporters_node_label_name_the_node():
+    """`Hostname` (every release up to 4.5.3-4.8.2) and `hostname` (dcgm-exporter main after PR #655,
+    its own server test's rendering): FOXHUNT_NODE_LABELS' default tries both."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    real = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dcgm"
+    for page, node in (
+        ("dcgm-exporter-main-hostname-lowercase-render-test.prom", "testhost"),
+        ("dcgm-exporter-4x-gpu-operator-h100-pods.prom", "gpu-node-1"),
+    ):
+        samples = [s for f in text_string_to_metric_families((real / page).read_text()) for s in f.samples]
+        assert samples and {node_of(s.labels, NODE_LABELS) for s in samples} == {node}, page
