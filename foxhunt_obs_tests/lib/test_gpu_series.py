@@ -92,3 +92,28 @@ def test_the_newest_series_names_the_instance():
     assert table.schema == NODE_SAMPLES.schema
     got = list(zip(table["node"].to_pylist(), table["instance_id"].to_pylist()))
     assert got == [("n1", "i-old"), ("n2", ""), ("n3", ""), ("n1", "i-old"), ("n1", "i-new"), ("n1", "i-new")]
+
+
+class AnonymousProm(FakeProm):
+    """DCGM_FI_DEV_GPU_UTIL as two series stripped of every identifying label (a relabelling that
+    dropped gpu, UUID, Hostname and instance): merged they would look like one GPU."""
+
+    def query_range(self, query, start, end, step, what=""):
+        self.queries.append(query)
+        if "DCGM_FI_DEV_GPU_UTIL)" not in query and "DCGM_FI_DEV_GPU_UTIL[" not in query:
+            return RangeResult.empty()
+        return RangeResult(
+            [{"job": "dcgm"}, {"job": "dcgm"}],
+            np.array([0, 1, 2], np.int64),
+            np.array([T0, T0], float),
+            np.array([50.0, 90.0]),
+        )
+
+
+def test_series_without_identifying_labels_are_refused_with_the_query():
+    from foxhunt_obs.lib.analysis.gpu_series import IngestError, collect_gpu_samples
+
+    window = Window(T0, T0 + 60, 15, "gpu_samples partition 2026-11-16T00")
+    with pytest.raises(IngestError, match=r"gpu_samples partition 2026-11-16T00: 2 of 2 series of "
+                       r"last_over_time\(DCGM_FI_DEV_GPU_UTIL\[14999ms\]\) carry no node"):  # fmt: skip
+        collect_gpu_samples(AnonymousProm([]), load_catalog(), window, node_labels=("node", "instance"))

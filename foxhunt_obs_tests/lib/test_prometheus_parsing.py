@@ -88,7 +88,10 @@ def test_split_windows_covers_the_grid_exactly_once():
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
 def test_incremental_parse_equals_whole_parse_at_any_chunk_boundary(chunk):
     result = [
-        {"metric": {"__name__": "x", "gpu": str(g)}, "values": [[1700000000 + 15 * k, str(k * g)] for k in range(50)]}
+        {
+            "metric": {"__name__": "x", "gpu": str(g)},
+            "values": [[1700000000 + 15 * k, str(k * g)] for k in range(50)],
+        }
         for g in range(5)
     ]
     body = _body(result)
@@ -105,6 +108,28 @@ def test_a_truncated_answer_is_an_error():
     body = _body([{"metric": {"g": "0"}, "values": [[1, "2"], [2, "3"]]}])
     with pytest.raises(ValueError, match="truncated"):
         parse_matrix(body[: len(body) // 2 + 20])
+
+
+def test_an_answer_cut_between_two_series_is_an_error():
+    """Well-formed up to the cut (issue 13: 480 rows instead of 960 were written as complete)."""
+    body = _body([{"metric": {"g": str(g)}, "values": [[1, "2"], [2, "3"]]} for g in range(2)])
+    cut = body.index(b',{"metric":{"g":"1"}')
+    for end in (cut, cut + 1, len(body) - 1, len(body) - 2):
+        with pytest.raises(ValueError, match="truncated"):
+            parse_matrix(body[:end])
+    assert len(parse_matrix(body).labels) == 2
+    with pytest.raises(ValueError, match="truncated"):
+        parse_matrix(_body([])[:-1])
+
+
+def test_warnings_and_infos_after_the_data_are_a_complete_answer():
+    doc = {
+        "status": "success",
+        "data": {"resultType": "matrix", "result": [{"metric": {"g": "0"}, "values": [[1, "2"]]}]},
+    }
+    for extra in ({"warnings": ["PromQL warning: x ]]} y"]}, {"infos": ["info"], "warnings": []}):
+        r = parse_matrix(json.dumps({**doc, **extra}, separators=(",", ":")).encode())
+        assert r.values.tolist() == [2.0]
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from foxhunt_obs.defs.resources import LakeResource, PrometheusResource
 from foxhunt_obs.lib.analysis.catalog import load_catalog
 from foxhunt_obs.lib.analysis.gpu_hourly import build_gpu_hourly, hour_key
 from foxhunt_obs.lib.analysis.gpu_series import (
+    IngestError,
     Window,
     collect_gpu_samples,
     collect_node_samples,
@@ -77,7 +78,7 @@ def gpu_samples(context: dg.AssetExecutionContext, lake: LakeResource, prometheu
                 exporter_containers=settings.exporter_containers,
             )
             store.write_partition(GPU_SAMPLES, key, table)
-        except (PrometheusError, LakeError, MigError) as e:
+        except (PrometheusError, LakeError, MigError, IngestError) as e:
             raise _fail(e) from e
         context.log.info(f"gpu_samples {key}: {table.num_rows} rows")
         for column, gap in missing_core_columns(table, catalog).items():

@@ -77,12 +77,35 @@ def collect_gpu_samples(
             query = fill(catalog.gpu_query, name=source.name, fresh=window.fresh)
             res = client.query_range(query, window.start, window.end, window.step, window.label)
             if res.labels:
+                _require_identity(res, catalog, node_labels, query, window)
                 grid.add(res, catalog, node_labels, targets, metric.column, source.scale, source.name)
                 names.insert(0, source.name)
         if found is not None:
             found[metric.column] = names
     experiments = pod_experiments(client, catalog, window, experiment_label)
     return grid.table(catalog, {m.column for m in wanted}, experiments)
+
+
+class IngestError(ValueError):
+    """Series that cannot be turned into rows; the message names the query and the partition."""
+
+
+def _require_identity(
+    res: RangeResult, catalog: Catalog, node_labels: tuple[str, ...], query: str, window: Window
+) -> None:
+    """Series without a node, gpu or UUID label cannot be told apart: merged, they would pass for one
+    GPU's samples. Refuse them, naming the query (a recording rule or relabelling that dropped labels)."""
+    lab = catalog.labels
+    anonymous = [
+        x for x in res.labels
+        if not (node_of(x, node_labels) or first_label(x, lab["gpu"]) or first_label(x, lab["uuid"]))
+    ]  # fmt: skip
+    if anonymous:
+        raise IngestError(
+            f"{window.label or 'gpu_samples'}: {len(anonymous)} of {len(res.labels)} series of {query} carry "
+            f"no node ({', '.join(node_labels)}), gpu or UUID label, so they cannot be told apart "
+            f"(first: {anonymous[0]}); keep those labels in the scrape config"
+        )
 
 
 def scrape_target_pods(client: PrometheusClient, window: Window) -> frozenset[tuple[str, str, str, str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -87,10 +88,18 @@ class MatrixParser:
     Arrow's multi-threaded CSV reader then reads all points at once (NaN, +Inf and -Inf included)."""
 
     _METRIC, _VALUES = b'{"metric":', b',"values":[['
+    _TAIL_BYTES = 1 << 16  # what finish() checks the document's end in (warnings/infos included)
+    # After the last series (or an empty result) the document closes: the result array, the data object,
+    # optional top-level "warnings"/"infos" (Prometheus >= 2.x / 3.x), the response object. An answer cut
+    # between two series is well-formed up to there but does not end like this.
+    _END = re.compile(
+        rb'(\]\]\}|"result":\[)\s*\]\s*\}(\s*,\s*"(warnings|infos)"\s*:\s*\[.*?\])*\s*\}\s*$', re.S
+    )
 
     def __init__(self) -> None:
         self._head = b""
         self._rest = b""
+        self._tail = b""
         self.labels: list[dict[str, str]] = []
         self._csv: list[bytes] = []
         self._counts: list[int] = []
@@ -98,6 +107,7 @@ class MatrixParser:
     def feed(self, chunk: bytes) -> None:
         if len(self._head) < 400:
             self._head += chunk[: 400 - len(self._head)]
+        self._tail = (self._tail + chunk)[-self._TAIL_BYTES :]
         buf = self._rest + chunk if self._rest else chunk
         pos = 0
         while True:
@@ -124,6 +134,11 @@ class MatrixParser:
             raise ValueError(f"not a matrix result: {self._head[:300]!r}")
         if self._METRIC in self._rest:
             raise ValueError(f"truncated or malformed series: {self._rest[:200]!r}")
+        if not self._END.search(self._tail):
+            raise ValueError(
+                f"truncated answer: the document does not close after {len(self.labels)} series "
+                f"(ends {self._tail[-120:]!r})"
+            )
         if not self.labels:
             return RangeResult.empty()
         expected = sum(self._counts)
