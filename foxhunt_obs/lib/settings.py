@@ -39,7 +39,9 @@ SETTINGS: tuple[Setting, ...] = (
         "FOXHUNT_PARTITIONS_START", "2026-11-01", "First hourly/daily partition (read when definitions load)"
     ),
     Setting("FOXHUNT_PROMETHEUS_GZIP", "0", "1 = ask Prometheus for gzip (pays over a slow WAN link)"),
-    Setting("FOXHUNT_PROMETHEUS_TIMEOUT", "120", "Seconds before one Prometheus request gives up"),
+    Setting(
+        "FOXHUNT_PROMETHEUS_TIMEOUT", "120", "Seconds one Prometheus request may take in all (not per read)"
+    ),
     Setting("FOXHUNT_PROMETHEUS_MAX_POINTS", "11000", "Most points per series in one query_range request"),
     Setting("FOXHUNT_PROMETHEUS_BEARER_TOKEN", "", "Bearer token for Prometheus (never logged)"),
     Setting(

@@ -34,7 +34,13 @@ class PrometheusStandIn:
     def __init__(self):
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("query", [""])[0]
+                self._answer(urllib.parse.urlsplit(self.path).query)
+
+            def do_POST(self):  # Prometheus takes form-encoded parameters too (the client POSTs)
+                self._answer(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
+
+            def _answer(self, params: str):
+                query = urllib.parse.parse_qs(params).get("query", [""])[0]
                 value = "8" if query.startswith("count by") else "0"
                 sample = {"metric": {"namespace": "rl", "pod": "ppo-a-0"}, "value": [0, value]}
                 data = json.dumps(

@@ -1,4 +1,9 @@
-"""Prometheus client: a bulk `query_range` fast path of our own, prometheus-api-client for the rest.
+"""Prometheus client: a bulk `query_range` fast path of our own, and instant queries (prometheus-api-client
+cannot bound a whole request, so bench/sensors.py keeps it only as the comparison).
+
+Every request has a total deadline (FOXHUNT_PROMETHEUS_TIMEOUT): requests' timeout bounds each socket
+read, so a server that drips a few bytes a second would never time out; the body is read with
+`read1` (what has arrived, one system call) and the clock checked between reads.
 
 The fast path exists because building millions of small Python objects is what costs: `json.loads`
 of a matrix makes a list per point and a str per value. Matrix values are regular
@@ -19,13 +24,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import requests
+import urllib3
 
-_RETRY_STATUS = {503}
+_RETRY_STATUS = {502, 503, 504}  # a proxy's bad gateway / gateway timeout, an overloaded Prometheus
+_READ_S = 10.0  # the longest one socket read may wait (within the total deadline)
 _HINTS = {
     400: "the window has too many points per series: lower FOXHUNT_PROMETHEUS_MAX_POINTS",
     422: "too many samples or a timeout: lower FOXHUNT_PROMETHEUS_MAX_POINTS or raise Prometheus's "
     "--query.max-samples / --query.timeout",
+    502: "a proxy in front of Prometheus got no answer: retried, then gave up",
     503: "Prometheus is overloaded or starting: retried, then gave up",
+    504: "a proxy in front of Prometheus timed out: retried, then gave up",
 }
 
 
@@ -209,7 +218,6 @@ class PrometheusClient:
         # identity by default: on a LAN, gzip costs Prometheus more CPU than it saves in transfer.
         self._session.headers["Accept-Encoding"] = "gzip" if gzip else "identity"
         self._headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
-        self._api = None
 
     @classmethod
     def from_settings(cls, s) -> PrometheusClient:
@@ -221,29 +229,78 @@ class PrometheusClient:
             bearer_token=s.prometheus_bearer_token,
         )
 
-    # -- prometheus-api-client: connection check and instant queries ------------------------------
-    @property
-    def api(self):
-        if self._api is None:
-            from prometheus_api_client import PrometheusConnect
+    # -- requests with a total deadline ------------------------------------------------------------
+    def _send(self, path: str, params: dict, on_chunk, describe) -> None:
+        """POST `params` to `path` and hand the body to `on_chunk` as it arrives, within timeout_s per
+        attempt; 502/503/504 and connection errors are retried. `describe(text)` builds the error."""
+        delay = 0.5
+        for attempt in range(1, self.retries + 1):
+            deadline = time.monotonic() + self.timeout_s
+            read_s = min(_READ_S, self.timeout_s)
+            try:
+                # POST: long PromQL does not fit in a URL; Prometheus accepts form-encoded parameters.
+                r = self._session.post(
+                    f"{self.url}{path}",
+                    data=params,
+                    headers=self._headers,
+                    timeout=(min(3.05, self.timeout_s), read_s),
+                    stream=True,
+                )
+            except (requests.ConnectionError, requests.Timeout) as e:
+                if attempt == self.retries:
+                    raise describe(f"cannot connect after {attempt} tries: {e}") from None
+            else:
+                with r:
+                    if r.status_code == 200:
+                        self._read(r, deadline, on_chunk, describe)
+                        return
+                    if r.status_code not in _RETRY_STATUS or attempt == self.retries:
+                        raise describe(_describe(r))
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
 
-            self._api = PrometheusConnect(url=self.url, headers=self._headers or None, disable_ssl=False)
-        return self._api
+    def _read(self, r: requests.Response, deadline: float, on_chunk, describe) -> None:
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise describe(
+                        f"no complete answer within {self.timeout_s:g} s (FOXHUNT_PROMETHEUS_TIMEOUT, the "
+                        "whole request): Prometheus or a proxy is stalling"
+                    )
+                chunk = r.raw.read1(1 << 20, decode_content=True)
+                if not chunk:
+                    return
+                on_chunk(chunk)
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise describe(f"connection lost mid-answer: {e}") from None
 
     def check(self) -> None:
-        if not self.api.check_prometheus_connection():
-            raise PrometheusError(f"Prometheus at {self.url}: not reachable (GET /-/healthy failed)")
+        """Prometheus answers a trivial query (its /-/healthy may sit behind another path)."""
+        self.query("vector(1)", time.time(), "connection check")
 
     def query(self, query: str, at: float, what: str = "") -> list[tuple[dict[str, str], float]]:
         """Instant query at time `at`: [(labels, value)]."""
+
+        def describe(text: str) -> PrometheusError:
+            return PrometheusError(
+                f"Prometheus at {self.url}: query {query} at {iso(at)}{_for(what)}: {text}"
+            )
+
+        body = bytearray()
+        self._send("/api/v1/query", {"query": query, "time": f"{at:.3f}"}, body.extend, describe)
         try:
-            result = self.api.custom_query(query, params={"time": at})
-        except Exception as e:  # the client raises its own and requests' exceptions
-            why = f"cannot connect: {e}" if isinstance(e, requests.ConnectionError) else str(e)
-            raise PrometheusError(
-                f"Prometheus at {self.url}: query {query} at {iso(at)}{_for(what)}: {why}"
-            ) from e
-        return [(r["metric"], float(r["value"][1])) for r in result]
+            doc = json.loads(body)
+            if doc.get("status") != "success":
+                raise ValueError(f"status {doc.get('status')!r}: {doc.get('error', '')}")
+            data = doc["data"]
+            if data["resultType"] == "scalar":
+                return [({}, float(data["result"][1]))]
+            if data["resultType"] != "vector":
+                raise ValueError(f"not a vector result: {data['resultType']!r}")
+            return [(r["metric"], float(r["value"][1])) for r in data["result"]]
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise describe(f"unreadable answer: {e} ({bytes(body[:200])!r})") from None
 
     # -- fast path ---------------------------------------------------------------------------------
     def query_range(self, query: str, start: float, end: float, step: float, what: str = "") -> RangeResult:
@@ -256,48 +313,31 @@ class PrometheusClient:
 
     def fetch_range_body(self, query: str, start: float, end: float, step: float, what: str = "") -> bytes:
         """The raw answer of one query_range request (no chunking)."""
-        return self._post_range(query, start, end, step, what).content
+        body = bytearray()
+        self._send(
+            "/api/v1/query_range",
+            self._range_params(query, start, end, step),
+            body.extend,
+            lambda text: self._error(query, start, end, step, what, text),
+        )
+        return bytes(body)
 
-    def _post_range(self, query: str, start: float, end: float, step: float, what: str, stream: bool = False):
-        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        delay = 0.5
-        for attempt in range(1, self.retries + 1):
-            try:
-                # POST: long PromQL does not fit in a URL; Prometheus accepts form-encoded parameters.
-                r = self._session.post(
-                    f"{self.url}/api/v1/query_range",
-                    data=params,
-                    headers=self._headers,
-                    timeout=self.timeout_s,
-                    stream=stream,
-                )
-            except (requests.ConnectionError, requests.Timeout) as e:
-                if attempt == self.retries:
-                    raise self._error(
-                        query, start, end, step, what, f"cannot connect after {attempt} tries: {e}"
-                    ) from e
-            else:
-                if r.status_code == 200:
-                    return r
-                if r.status_code not in _RETRY_STATUS or attempt == self.retries:
-                    raise self._error(query, start, end, step, what, _describe(r))
-                r.close()
-            time.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
+    @staticmethod
+    def _range_params(query: str, start: float, end: float, step: float) -> dict:
+        return {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
 
     def _range_chunk(self, query: str, start: float, end: float, step: float, what: str) -> RangeResult:
-        r = self._post_range(query, start, end, step, what, stream=True)
         parser = MatrixParser()
+        self._send(
+            "/api/v1/query_range",
+            self._range_params(query, start, end, step),
+            parser.feed,
+            lambda text: self._error(query, start, end, step, what, text),
+        )
         try:
-            with r:
-                for chunk in r.iter_content(1 << 20):
-                    parser.feed(chunk)
             return parser.finish()
-        except requests.RequestException as e:
-            raise self._error(query, start, end, step, what, f"connection lost mid-answer: {e}") from e
         except ValueError as e:
-            raise self._error(query, start, end, step, what, f"unreadable answer: {e}") from e
+            raise self._error(query, start, end, step, what, f"unreadable answer: {e}") from None
 
     def _error(
         self, query: str, start: float, end: float, step: float, what: str, text: str

@@ -1,0 +1,114 @@
+"""FOXHUNT_PROMETHEUS_TIMEOUT bounds a whole request (issue 13 §4), against stand-in servers that drip,
+hang or answer 502/504 first. Before, instant queries had no timeout at all and range queries one per
+socket read, so a server dripping 16 bytes a second never failed."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from foxhunt_obs.lib.sources.prometheus import PrometheusClient, PrometheusError
+
+VECTOR = json.dumps(
+    {
+        "status": "success",
+        "data": {"resultType": "vector", "result": [{"metric": {"g": "0"}, "value": [1, "7"]}]},
+    }
+).encode()
+MATRIX = json.dumps(
+    {
+        "status": "success",
+        "data": {"resultType": "matrix", "result": [{"metric": {"g": "0"}, "values": [[1, "7"]]}]},
+    },
+    separators=(",", ":"),
+).encode()
+
+
+class StandIn(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, mode: str):
+        self.mode, self.calls = mode, 0
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        server: StandIn = self.server
+        server.calls += 1
+        body = MATRIX if self.path.endswith("query_range") else VECTOR
+        if server.mode == "gateway" and server.calls <= 2:
+            self.send_response(502 if server.calls == 1 else 504)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if server.mode == "hang":
+            time.sleep(30)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if server.mode == "drip":  # 16 bytes a second: each read well inside any socket timeout
+            for i in range(0, len(body), 16):
+                try:
+                    self.wfile.write(body[i : i + 16])
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(1)
+        else:
+            self.wfile.write(body)
+
+    do_GET = do_POST  # prometheus-api-client's GET, for comparison with the old client
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@pytest.mark.parametrize("mode", ["drip", "hang"])
+@pytest.mark.parametrize("kind", ["query", "query_range"])
+def test_a_stalling_server_fails_within_the_total_deadline(mode, kind):
+    server = StandIn(mode)
+    client = PrometheusClient(server.url, timeout_s=2, retries=1)
+    t = time.monotonic()
+    with pytest.raises(PrometheusError) as e:
+        if kind == "query":
+            client.query("up", 1.0, "gpu_samples partition 2026-11-16T00")
+        else:
+            client.query_range("up", 0, 60, 15, "gpu_samples partition 2026-11-16T00")
+    took = time.monotonic() - t
+    # the deadline plus at most one socket read's wait (2 s here)
+    assert took < 5, took
+    assert server.url in str(e.value) and "2026-11-16T00" in str(e.value)
+    assert ("within 2 s" in str(e.value)) if mode == "drip" else ("timed out" in str(e.value).lower())
+    server.shutdown()
+
+
+def test_502_and_504_are_retried_like_503():
+    server = StandIn("gateway")
+    client = PrometheusClient(server.url, timeout_s=5, retries=3)
+    assert client.query("up", 1.0) == [({"g": "0"}, 7.0)]
+    assert server.calls == 3
+    server.calls = 0
+    r = client.query_range("up", 0, 15, 15)
+    assert r.values.tolist() == [7.0] and server.calls == 3
+    server.shutdown()
+
+
+def test_a_fast_server_is_unaffected():
+    server = StandIn("fast")
+    client = PrometheusClient(server.url, timeout_s=2)
+    assert client.query("up", 1.0) == [({"g": "0"}, 7.0)]
+    client.check()
+    server.shutdown()
