@@ -369,7 +369,9 @@ def test_a_server_that_times_out_is_retried_a_bounded_number_of_times():
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}"
         t0 = time.monotonic()
-        with pytest.raises(MlflowSourceError, match=rf"MLflow at {url}: get-history run=0{{32}} key=loss: .*2 tries"):
+        with pytest.raises(
+            MlflowSourceError, match=rf"MLflow at {url}: get-history run=0{{32}} key=loss: .*2 tries"
+        ):
             MlflowSource(url, retries=2, timeout_s=0.3).histories([_fake_run()])
         assert handler.calls == 2 and time.monotonic() - t0 < 3
     finally:
@@ -393,3 +395,19 @@ def test_a_window_the_server_would_sample_is_read_again_exactly(mlflow_store):
     table = src.histories([r])
     assert table.num_rows == 3000
     assert sorted(table.column("value").to_pylist()) == [float(i) for i in range(3000)]
+
+
+@pytest.mark.timeout(60)
+def test_a_repeated_page_token_stops_every_page_loop(canned):
+    """A server (or proxy) that hands out the same next_page_token again would page forever (issue 13 §4):
+    experiments, runs and histories stop on the repeat, naming the call."""
+    looping = b'{"experiments": [{"experiment_id": "1", "name": "e"}], "runs": [], "metrics": [], "next_page_token": "AAA"}'
+    url, seen = canned(200, looping)
+    src = MlflowSource(url, retries=1)
+    with pytest.raises(MlflowSourceError, match=r"search_experiments page 2: next_page_token 'AAA' repeated"):
+        src.runs()
+    assert len(seen) == 2
+    with pytest.raises(
+        MlflowSourceError, match=r"get-history run=0{32} key=loss page 2: next_page_token 'AAA' repeated"
+    ):
+        src.histories([_fake_run()])

@@ -163,21 +163,22 @@ class MlflowSource:
     def _rest_experiments(self) -> dict[str, str]:
         from mlflow.entities import ViewType
 
-        client, found, token, page = self._client(), {}, None, 1
+        client, found, token, page, seen = self._client(), {}, None, 1, set()
         while True:
             with self._mlflow_call(f"search_experiments page {page}"):
                 batch = client.search_experiments(
                     view_type=ViewType.ALL, max_results=self.page_size, page_token=token
                 )
             found.update({e.experiment_id: e.name for e in batch})
-            token, page = batch.token, page + 1
+            token = self._next_token(batch.token, seen, f"search_experiments page {page}")
+            page += 1
             if not token:
                 return found
 
     def _rest_runs(self, exps: dict[str, str]) -> list[MlflowRun]:
         from mlflow.entities import ViewType
 
-        client, out, token, page = self._client(), {}, None, 1
+        client, out, token, page, seen = self._client(), {}, None, 1, set()
         while True:
             with self._mlflow_call(f"search_runs page {page}"):
                 batch = client.search_runs(
@@ -206,9 +207,18 @@ class MlflowSource:
                     last_metric_time=_dt(max((m.timestamp for m in latest), default=None)),
                     latest_steps={m.key: int(m.step) for m in latest},
                 )
-            token, page = batch.token, page + 1
+            token = self._next_token(batch.token, seen, f"search_runs page {page}")
+            page += 1
             if not token:
                 return list(out.values())
+
+    def _next_token(self, token: str | None, seen: set[str], call: str) -> str | None:
+        """The next page's token; one the server already gave would page forever: an error."""
+        if token and token in seen:
+            raise self._error(call, f"next_page_token {token[:40]!r} repeated: the server pages in a loop")
+        if token:
+            seen.add(token)
+        return token
 
     @contextmanager
     def _mlflow_call(self, call: str) -> Iterator[None]:
@@ -345,7 +355,7 @@ class MlflowSource:
         steps: list[int] = []
         stamps: list[int] = []
         values: list = []
-        token, page = None, 1
+        token, page, seen = None, 1, set()
         while True:
             call = f"get-history run={run_id} key={key}" + (f" page {page}" if page > 1 else "")
             params = {"run_id": run_id, "metric_key": key, "max_results": HISTORY_PAGE}
@@ -357,7 +367,8 @@ class MlflowSource:
             steps += [m.get("step", 0) for m in metrics]
             stamps += [m.get("timestamp", 0) for m in metrics]
             values += [m.get("value", 0.0) for m in metrics]
-            token, page = body.get("next_page_token"), page + 1
+            token = self._next_token(body.get("next_page_token"), seen, call)
+            page += 1
             if not token:
                 break
         if not steps:
