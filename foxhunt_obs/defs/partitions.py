@@ -4,7 +4,7 @@ from datetime import datetime, timedelta
 
 import dagster as dg
 
-from foxhunt_obs.lib.settings import env, partitions_start
+from foxhunt_obs.lib.settings import partitions_start, positive_number
 
 _START = partitions_start().strftime("%Y-%m-%d-%H:%M")
 HOURLY = dg.HourlyPartitionsDefinition(start_date=_START, timezone="UTC")
@@ -43,4 +43,4 @@ def range_request(first, last, why: str) -> list[dg.RunRequest]:
 def trailing_days(today) -> tuple:
     """The FOXHUNT_CE_RESTATE_DAYS days up to yesterday: what Cost Explorer may still restate."""
     yesterday = today - timedelta(days=1)
-    return yesterday - timedelta(days=max(1, int(env("FOXHUNT_CE_RESTATE_DAYS"))) - 1), yesterday
+    return yesterday - timedelta(days=int(positive_number("FOXHUNT_CE_RESTATE_DAYS", integer=True)) - 1), yesterday

@@ -7,6 +7,7 @@ documented to land.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -142,9 +143,7 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
-        step = float(env("FOXHUNT_SCRAPE_STEP"))
-        if step <= 0:
-            raise ValueError(f"FOXHUNT_SCRAPE_STEP must be a positive number of seconds, got {step}")
+        step = positive_number("FOXHUNT_SCRAPE_STEP")
         return cls(
             lake=env("FOXHUNT_LAKE"),
             prometheus_url=env("FOXHUNT_PROMETHEUS_URL").rstrip("/"),
@@ -153,10 +152,24 @@ class Settings:
             node_labels=tuple(x.strip() for x in env("FOXHUNT_NODE_LABELS").split(",") if x.strip()),
             exporter_containers=tuple(csv_setting("FOXHUNT_EXPORTER_CONTAINERS")),
             prometheus_gzip=env("FOXHUNT_PROMETHEUS_GZIP") in ("1", "true", "yes"),
-            prometheus_timeout_s=float(env("FOXHUNT_PROMETHEUS_TIMEOUT")),
-            prometheus_max_points=int(env("FOXHUNT_PROMETHEUS_MAX_POINTS")),
+            prometheus_timeout_s=positive_number("FOXHUNT_PROMETHEUS_TIMEOUT"),
+            prometheus_max_points=int(positive_number("FOXHUNT_PROMETHEUS_MAX_POINTS", integer=True)),
             prometheus_bearer_token=os.environ.get("FOXHUNT_PROMETHEUS_BEARER_TOKEN", ""),
         )
+
+
+def positive_number(name: str, integer: bool = False) -> float:
+    """A numeric setting that must be a finite number > 0 (nan, inf, 0, negatives and words refused,
+    naming the variable): a zero step or timeout would loop or give up at once, silently."""
+    raw = env(name)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0) or (integer and value != int(value)):
+        kind = "a positive whole number" if integer else "a positive number"
+        raise ValueError(f"{name} must be {kind}, got {raw!r}")
+    return value
 
 
 def cost_tags() -> tuple[str, str, str]:
