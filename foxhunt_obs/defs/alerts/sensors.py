@@ -105,10 +105,12 @@ def alert_sensor(
 def run_failure_alert(context: dg.RunFailureSensorContext, slack: SlackBotResource):
     from foxhunt_obs.lib.delivery.alert_sinks import Notification, deliver_all, sinks_from_env
     from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.redact import scrub
 
     run = context.dagster_run
     now = datetime.now(timezone.utc)
-    message = context.failure_event.message or "run failed"
+    # the failure's text as Dagster has it, scrubbed once more: a source error is, an arbitrary one may not be
+    message = scrub(context.failure_event.message or "run failed")
     note = Notification(
         rule="dagster_run_failed",
         fingerprint=run.run_id,

@@ -12,6 +12,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.defs.gpu.assets import node_samples
 from foxhunt_obs.defs.partitions import DAILY, days_of
 from foxhunt_obs.defs.resources import AwsResource, LakeResource
@@ -75,7 +76,7 @@ def costs_hourly(context: dg.AssetExecutionContext, lake: LakeResource, aws: Aws
             table, skipped = cur.line_items(window.start, window.end, partition=label)
             unmatched = cur.unmatched_tag_keys
         except CurError as e:
-            raise dg.Failure(description=str(e)) from e
+            raise failure(e) from None
     else:
         context.log.warning("costs_hourly: FOXHUNT_CUR_S3_URI is not set: no CUR, empty partitions")
         table = COSTS_HOURLY.schema.empty_table()
@@ -96,7 +97,7 @@ def costs_hourly(context: dg.AssetExecutionContext, lake: LakeResource, aws: Aws
             )
             store.write_partition(COSTS_HOURLY, _key(day), table.filter(in_day))
     except LakeError as e:
-        raise dg.Failure(description=str(e)) from e
+        raise failure(e) from None
     con = duckdb.connect(":memory:")
     con.register("t", table)
     rows, total = con.execute("SELECT count(*), round(coalesce(sum(cost_usd), 0), 2) FROM t").fetchone()
@@ -153,7 +154,7 @@ def costs_daily(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsR
         )
         prices = load_price_table(env("FOXHUNT_PRICE_REGION"))
     except SOURCE_ERRORS as e:
-        raise dg.Failure(description=str(e)) from e
+        raise failure(e) from None
     lake_con = store.connect([COSTS_HOURLY, NODE_SAMPLES, FSX_METRICS])
     tables, unpriced, cur_totals = {}, set(), {}
     try:
@@ -189,7 +190,7 @@ def costs_daily(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsR
         for key, table in tables.items():
             store.write_partition(COSTS_DAILY, key, table)
     except LakeError as e:
-        raise dg.Failure(description=str(e)) from e
+        raise failure(e) from None
     if unpriced:
         context.log.warning(f"{label}: no price for {', '.join(sorted(unpriced))}: left out of the estimate")
     con = duckdb.connect(":memory:")
@@ -272,7 +273,7 @@ def budgets(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResou
             store.write_partition(BUDGETS, _key(day), table)
             tables[_key(day)] = table
     except SOURCE_ERRORS as e:
-        raise dg.Failure(description=str(e)) from e
+        raise failure(e) from None
     last = list(tables.values())[-1].to_pandas()
     for col in ("limit_usd", "actual_usd", "forecast_usd"):
         last[col] = last[col].round(2)

@@ -6,6 +6,7 @@ import dagster as dg
 import duckdb
 import pyarrow as pa
 
+from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.defs.partitions import DAILY, HOURLY, days_of, hours_of
 from foxhunt_obs.defs.resources import LakeResource, PrometheusResource
 from foxhunt_obs.lib.analysis.catalog import load_catalog
@@ -50,10 +51,6 @@ def _window(hour: datetime, step: float, what: str) -> Window:
     return Window(hour.timestamp(), (hour + timedelta(hours=1)).timestamp(), step, what)
 
 
-def _fail(e: Exception) -> dg.Failure:
-    return dg.Failure(description=str(e))
-
-
 @dg.asset(
     partitions_def=HOURLY,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=24),
@@ -79,7 +76,7 @@ def gpu_samples(context: dg.AssetExecutionContext, lake: LakeResource, prometheu
             )
             store.write_partition(GPU_SAMPLES, key, table)
         except (PrometheusError, LakeError, MigError, IngestError) as e:
-            raise _fail(e) from e
+            raise failure(e) from None
         context.log.info(f"gpu_samples {key}: {table.num_rows} rows")
         for column, gap in missing_core_columns(table, catalog).items():
             context.log.warning(
@@ -207,7 +204,7 @@ def node_samples(context: dg.AssetExecutionContext, lake: LakeResource, promethe
             )
             store.write_partition(NODE_SAMPLES, key, table)
         except (PrometheusError, LakeError) as e:
-            raise _fail(e) from e
+            raise failure(e) from None
         tables[key] = table
     con = duckdb.connect(":memory:")
     con.register("t", pa.concat_tables(tables.values()))
@@ -253,7 +250,7 @@ def gpu_hourly(context: dg.AssetExecutionContext, lake: LakeResource):
         try:
             store.write_partition(GPU_HOURLY, key, table)
         except LakeError as e:
-            raise _fail(e) from e
+            raise failure(e) from None
         out[key] = table
     con = duckdb.connect(":memory:")
     con.register("t", pa.concat_tables(out.values()))

@@ -9,6 +9,7 @@ import duckdb
 import pyarrow as pa
 
 from foxhunt_obs.defs.costs.assets import costs_daily, costs_hourly
+from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.defs.gpu.assets import gpu_hourly, node_samples
 from foxhunt_obs.defs.partitions import DAILY, WEEKLY, days_of
 from foxhunt_obs.defs.resources import LakeResource, SlackBotResource
@@ -39,10 +40,6 @@ DAY_TO_DAY = dg.TimeWindowPartitionMapping()
 BILL_TOLERANCE = 0.001  # allocations sum to the day's bill within 0.1 %
 
 
-def _fail(e: Exception) -> dg.Failure:
-    return dg.Failure(description=str(e))
-
-
 def _per_day(context, lake: LakeResource, reads, build, spec) -> dict[str, pa.Table]:
     """Each day of the run: `build(connection over reads, day)` written as the day's partition of spec."""
     store, out = lake.lake(), {}
@@ -56,7 +53,7 @@ def _per_day(context, lake: LakeResource, reads, build, spec) -> dict[str, pa.Ta
         try:
             store.write_partition(spec, key, table)
         except LakeError as e:
-            raise _fail(e) from e
+            raise failure(e) from None
         out[key] = table
     return out
 
@@ -93,7 +90,7 @@ def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource):
     try:
         prices = load_price_table(env("FOXHUNT_PRICE_REGION"))
     except PriceError as e:
-        raise _fail(e) from e
+        raise failure(e) from None
     out, bills = {}, {}
     for day in days_of(context.partition_time_window):
         key = day.strftime("%Y-%m-%d")
@@ -113,7 +110,7 @@ def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource):
         try:
             store.write_partition(COST_ALLOCATION, key, table)
         except LakeError as e:
-            raise _fail(e) from e
+            raise failure(e) from None
         out[key] = table
     con = duckdb.connect(":memory:")
     con.register("t", pa.concat_tables(out.values()))
@@ -266,7 +263,7 @@ def weekly_cost_report(context: dg.AssetExecutionContext, lake: LakeResource, sl
     try:
         paths = store.write_files(f"reports/week={week_start.isoformat()}", files)
     except LakeError as e:
-        raise _fail(e) from e
+        raise failure(e) from None
     html_path = next(p for p in paths if p.endswith("report.html"))
     metadata = {
         "report": dg.MetadataValue.md(report.markdown),

@@ -6,6 +6,7 @@ import dagster as dg
 import duckdb
 import pyarrow as pa
 
+from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.defs.partitions import HOURLY, hours_of
 from foxhunt_obs.defs.resources import AwsResource, LakeResource
 from foxhunt_obs.lib.analysis.gpu_hourly import hour_key
@@ -40,7 +41,7 @@ def fsx_metrics(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsR
             store.write_partition(FSX_METRICS, key, table)
             tables[key] = table
     except (FsxSourceError, LakeError) as e:
-        raise dg.Failure(description=str(e)) from e
+        raise failure(e) from None
     if not file_systems:
         context.log.warning("fsx_metrics: no Lustre file system found (FOXHUNT_FSX_IDS unset): empty hours")
     con = duckdb.connect(":memory:")

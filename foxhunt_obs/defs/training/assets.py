@@ -8,6 +8,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.defs.partitions import DAILY, days_of
 from foxhunt_obs.defs.resources import LakeResource, MlflowResource
 from foxhunt_obs.lib.analysis.training_health import build_training_health, load_thresholds, runs_frame
@@ -71,7 +72,7 @@ def training_runs(context: dg.AssetExecutionContext, lake: LakeResource, mlflow:
         stale = [r for r in runs if _needs_history(r, prev.get(r.run_id), r.run_id in have)]
         histories = source.histories(stale)
     except MlflowSourceError as e:
-        raise dg.Failure(description=f"training_runs: {e}") from e
+        raise failure(e, "training_runs: ") from None
     now = datetime.now(timezone.utc)
     rows, new_points = [], 0
     by_run = _split(histories, [r.run_id for r in stale])
@@ -81,7 +82,7 @@ def training_runs(context: dg.AssetExecutionContext, lake: LakeResource, mlflow:
             try:
                 store.write_partition(TRAINING_HISTORY, run.run_id, table)
             except LakeError as e:
-                raise dg.Failure(description=str(e)) from e
+                raise failure(e) from None
             old = prev.get(run.run_id, {}).get("history_points") or 0
             new_points += max(0, table.num_rows - old)
             rows.append(_snapshot_row(run, run.status, table.num_rows, now))

@@ -22,7 +22,6 @@ import base64
 import json
 import math
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -31,11 +30,13 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
 import requests
+
+from foxhunt_obs.lib.redact import redact_url, scrub
 
 # Databricks rejects get-history pages above 25,000; the OSS server takes any size (1e10 tried) but
 # pages by OFFSET, so bigger pages would only save round trips on keys longer than this.
@@ -111,7 +112,7 @@ class MlflowSource:
         self.timeout_s = timeout_s
         self.retries = max(1, retries)
         self.page_size = page_size
-        self._uri = redact(self.tracking_uri)
+        self._uri = redact_url(self.tracking_uri)
         self._engine = None
         self._http = _http_settings()
 
@@ -242,9 +243,9 @@ class MlflowSource:
             try:
                 yield
             except MlflowException as e:
-                raise self._error(call, _mlflow_text(e)) from e
+                raise self._error(call, _mlflow_text(e)) from None
             except requests.RequestException as e:
-                raise self._error(call, f"{type(e).__name__}: {e}") from e
+                raise self._error(call, f"{type(e).__name__}: {e}") from None
             finally:
                 for k in added:
                     os.environ.pop(k, None)
@@ -338,7 +339,7 @@ class MlflowSource:
                 for rid, (a, b, c) in rows.items()
             }
         except (TypeError, ValueError, OverflowError) as e:
-            raise self._error(call, f"unreadable point: {e}") from e
+            raise self._error(call, f"unreadable point: {e}") from None
 
     def _new_session(self) -> requests.Session:
         s = requests.Session()
@@ -383,7 +384,7 @@ class MlflowSource:
                 np.array(values, dtype=np.float64),
             )
         except (TypeError, ValueError, OverflowError) as e:
-            raise self._error(f"get-history run={run_id} key={key}", f"unreadable point: {e}") from e
+            raise self._error(f"get-history run={run_id} key={key}", f"unreadable point: {e}") from None
 
     def _get(self, s: requests.Session, path: str, params: dict, call: str) -> dict:
         delay = 0.5
@@ -394,13 +395,13 @@ class MlflowSource:
                 if attempt == self.retries:
                     raise self._error(
                         call, f"no answer after {attempt} tries: {type(e).__name__}: {e}"
-                    ) from e
+                    ) from None
             else:
                 if r.status_code == 200:
                     try:
                         return json.loads(r.content)
                     except ValueError as e:
-                        raise self._error(call, f"unreadable answer: {e}: {r.text[:200]!r}") from e
+                        raise self._error(call, f"unreadable answer: {e}: {r.text[:200]!r}") from None
                 if r.status_code not in _RETRY_STATUS:
                     raise self._error(call, _describe(r))
                 if attempt == self.retries:
@@ -456,7 +457,7 @@ class MlflowSource:
                 con.close()
         except (sa.exc.SQLAlchemyError, engine.dialect.loaded_dbapi.Error) as e:
             text = str(getattr(e, "orig", None) or e).splitlines()[0]
-            raise MlflowSourceError(f"MLflow store {self._where()}: {call}: {text}") from e
+            raise MlflowSourceError(f"MLflow store {self._where()}: {call}: {scrub(text)}") from None
 
     def _sql_in(
         self,
@@ -561,7 +562,7 @@ class MlflowSource:
     # -- errors ------------------------------------------------------------------------------------
     def _where(self) -> str:
         if self.backend_store_uri:
-            return redact(self.backend_store_uri)
+            return redact_url(self.backend_store_uri)
         return self._uri
 
     def _error(self, call: str, text: str) -> MlflowSourceError:
@@ -639,30 +640,6 @@ def _http_settings() -> dict:
         "verify": False if insecure else (env("MLFLOW_TRACKING_SERVER_CERT_PATH") or True),
         "cert": env("MLFLOW_TRACKING_CLIENT_CERT_PATH") or None,
     }
-
-
-def redact(uri: str) -> str:
-    """The URI without user and password (`http://u:p@host` → `http://***@host`)."""
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return scrub(uri)
-    if "@" not in parts.netloc:
-        return uri
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
-
-
-_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
-
-
-def scrub(text: str) -> str:
-    """Text with any URL credentials and the tracking token or password removed."""
-    text = _USERINFO.sub(r"\1***@", text)
-    for var in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD"):
-        secret = os.environ.get(var)
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, "***")
-    return text
 
 
 def _mlflow_text(e) -> str:

@@ -26,6 +26,8 @@ import pyarrow.csv as pacsv
 import requests
 import urllib3
 
+from foxhunt_obs.lib.redact import redact_url, scrub, split_userinfo
+
 _RETRY_STATUS = {502, 503, 504}  # a proxy's bad gateway / gateway timeout, an overloaded Prometheus
 _READ_S = 10.0  # the longest one socket read may wait (within the total deadline)
 _HINTS = {
@@ -210,11 +212,15 @@ class PrometheusClient:
         bearer_token: str = "",
         retries: int = 3,
     ):
-        self.url = url.rstrip("/")
+        # the credentials of http://user:pass@host go as basic auth; messages show the URL without them
+        base, auth = split_userinfo(url.rstrip("/"))
+        self.url = redact_url(url.rstrip("/"))
+        self._base = base
         self.timeout_s = timeout_s
         self.max_points = max_points
         self.retries = retries
         self._session = requests.Session()
+        self._session.auth = auth
         # identity by default: on a LAN, gzip costs Prometheus more CPU than it saves in transfer.
         self._session.headers["Accept-Encoding"] = "gzip" if gzip else "identity"
         self._headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
@@ -240,7 +246,7 @@ class PrometheusClient:
             try:
                 # POST: long PromQL does not fit in a URL; Prometheus accepts form-encoded parameters.
                 r = self._session.post(
-                    f"{self.url}{path}",
+                    f"{self._base}{path}",
                     data=params,
                     headers=self._headers,
                     timeout=(min(3.05, self.timeout_s), read_s),
@@ -248,7 +254,7 @@ class PrometheusClient:
                 )
             except (requests.ConnectionError, requests.Timeout) as e:
                 if attempt == self.retries:
-                    raise describe(f"cannot connect after {attempt} tries: {e}") from None
+                    raise describe(f"cannot connect after {attempt} tries: {scrub(str(e))}") from None
             else:
                 with r:
                     if r.status_code == 200:
@@ -273,7 +279,7 @@ class PrometheusClient:
                     return
                 on_chunk(chunk)
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
-            raise describe(f"connection lost mid-answer: {e}") from None
+            raise describe(f"connection lost mid-answer: {scrub(str(e))}") from None
 
     def check(self) -> None:
         """Prometheus answers a trivial query (its /-/healthy may sit behind another path)."""

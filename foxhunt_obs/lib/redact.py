@@ -1,0 +1,89 @@
+"""Secrets never reach a log, an error, asset metadata or the UI (DESIGN §9): URLs lose their userinfo and
+token-like query parameters, and any text built from an error is scrubbed of every configured secret.
+
+A chained exception carries its own message into Dagster's event log, so errors built from a source's
+exception are raised `from None` and their text passes through `scrub` first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+# Settings that hold a secret themselves, and settings that are URLs (whose userinfo may hold one).
+SECRET_SETTINGS = (
+    "FOXHUNT_PROMETHEUS_BEARER_TOKEN",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_PASSWORD",
+    "SLACK_BOT_TOKEN",
+    "FOXHUNT_ALERT_WEBHOOK_SECRET",
+    "FOXHUNT_REPORT_SMTP_PASSWORD",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+)
+URL_SETTINGS = (
+    "FOXHUNT_PROMETHEUS_URL",
+    "MLFLOW_TRACKING_URI",
+    "FOXHUNT_MLFLOW_BACKEND_STORE_URI",
+    "FOXHUNT_ALERTMANAGER_URL",
+    "FOXHUNT_ALERT_WEBHOOK_URL",
+)
+MASK = "***"
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
+_TOKEN_PARAM = re.compile(
+    r"(?i)([?&](?:access_?token|token|api_?key|key|password|passwd|secret|sig|signature|"
+    r"x-amz-signature|x-amz-credential|x-amz-security-token)=)[^&\s#'\"]+"
+)
+
+
+def redact_url(url: str) -> str:
+    """`url` without user and password (`http://u:p@host` -> `http://***@host`) and with token-like query
+    parameters masked (`?token=abc` -> `?token=***`)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return scrub(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{MASK}@{netloc.rsplit('@', 1)[1]}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        masked = [(k, MASK if _TOKEN_PARAM.match(f"?{k}=x") else v) for k, v in pairs]
+        if masked != pairs:
+            query = urlencode(masked, safe="*")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(url without userinfo, (user, password) or None): send the credentials as auth, never in a URL."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=host)), (
+        unquote(parts.username or ""),
+        unquote(parts.password or ""),
+    )
+
+
+def configured_secrets() -> list[str]:
+    """Every secret the environment configures: the secret settings and the passwords inside URL settings."""
+    found = [os.environ.get(v, "") for v in SECRET_SETTINGS]
+    for var in URL_SETTINGS:
+        try:
+            parts = urlsplit(os.environ.get(var, ""))
+            found.append(parts.password or "")
+        except ValueError:
+            continue
+    return [s for s in found if len(s) >= 4]
+
+
+def scrub(text: str, secrets: list[str] | None = None) -> str:
+    """`text` with URL userinfo and token parameters masked and every configured secret replaced."""
+    text = _USERINFO.sub(rf"\1{MASK}@", text)
+    text = _TOKEN_PARAM.sub(rf"\1{MASK}", text)
+    for secret in sorted(configured_secrets() if secrets is None else secrets, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
