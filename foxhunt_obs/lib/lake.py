@@ -182,14 +182,18 @@ class Lake:
             raise self._error(LakeError, spec, value, f"delete failed: {e!r}") from e
 
     # -- reads ----------------------------------------------------------------------------------------
-    def read_partition(self, spec: TableSpec, value: str) -> pa.Table | None:
+    def read_partition(
+        self, spec: TableSpec, value: str, columns: list[str] | None = None
+    ) -> pa.Table | None:
         """The stored table (without the partition column), or None when never written."""
         path = f"{self._part_dir(spec, value)}/{FILE_NAME}"
         try:
             if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
                 return None
             with self.fs.open_input_file(path) as f:
-                return pq.read_table(f)
+                if columns is not None:  # partitions written before a column existed lack it
+                    columns = [c for c in columns if c in pq.read_schema(f).names]
+                return pq.read_table(f, columns=columns)
         except Exception as e:
             raise self._error(LakeError, spec, value, f"read failed: {e!r}") from e
 
@@ -340,3 +344,23 @@ def _fsync_dir(path: str) -> None:
 
 
 __all__ = ["Lake", "LakeError", "SchemaMismatch", "WriteResult"]
+
+
+def shrink_reason(old: pa.Table | None, new: pa.Table, keys: list[str], min_fraction: float = 0.5) -> str:
+    """Why writing `new` over `old` would lose good rows ('' when it would not): a non-empty partition
+    replaced by an empty one, or by one with fewer than `min_fraction` of its entities (distinct `keys`,
+    e.g. GPUs). A source that no longer has the window (retention passed, the wrong server) answers
+    with less, and a green run must not turn that into the lake's truth."""
+    if old is None or not old.num_rows:
+        return ""
+    if not new.num_rows:
+        return f"the source answered 0 rows where the lake has {old.num_rows}"
+
+    def entities(t: pa.Table) -> int:
+        cols = [c for c in keys if c in t.column_names]
+        return len(t.select(cols).group_by(cols).aggregate([])) if cols else t.num_rows
+
+    before, after = entities(old), entities(new)
+    if after < before * min_fraction:
+        return f"the source answered {after} of the {before} {'/'.join(keys)} the lake has"
+    return ""

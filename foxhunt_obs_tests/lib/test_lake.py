@@ -400,3 +400,25 @@ def test_write_files_on_s3(s3_lake):
     assert lake.read_file("reports") is None
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="bucket", Prefix="lake/reports/")["Contents"])
     assert keys == [f"lake/{REPORT_PREFIX}/daily_spend.png", f"lake/{REPORT_PREFIX}/report.html"]
+
+
+def test_shrink_reason_refuses_far_fewer_entities():
+    import pyarrow as pa
+
+    from foxhunt_obs.lib.lake import shrink_reason
+
+    def gpus(n: int) -> pa.Table:
+        return pa.table(
+            {"uuid": [f"GPU-{i}" for i in range(n) for _ in range(4)], "gpu_instance": [None] * (4 * n)}
+        )
+
+    keys = ["uuid", "gpu_instance"]
+    assert shrink_reason(None, gpus(0), keys) == ""  # a new partition
+    assert shrink_reason(gpus(0), gpus(0), keys) == ""
+    assert shrink_reason(gpus(8), gpus(8), keys) == ""
+    assert shrink_reason(gpus(8), gpus(7), keys) == ""  # a GPU gone: real, and allowed
+    assert shrink_reason(gpus(8), gpus(0), keys) == "the source answered 0 rows where the lake has 32"
+    assert (
+        shrink_reason(gpus(8), gpus(3), keys)
+        == "the source answered 3 of the 8 uuid/gpu_instance the lake has"
+    )

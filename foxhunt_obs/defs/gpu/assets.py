@@ -19,7 +19,7 @@ from foxhunt_obs.lib.analysis.gpu_series import (
     missing_core_columns,
 )
 from foxhunt_obs.lib.analysis.mig import MigError
-from foxhunt_obs.lib.lake import LakeError
+from foxhunt_obs.lib.lake import LakeError, shrink_reason
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES, NODE_SAMPLES
 from foxhunt_obs.lib.settings import Settings
 from foxhunt_obs.lib.sources.prometheus import PrometheusError
@@ -51,6 +51,24 @@ def _window(hour: datetime, step: float, what: str) -> Window:
     return Window(hour.timestamp(), (hour + timedelta(hours=1)).timestamp(), step, what)
 
 
+class IngestConfig(dg.Config):
+    """Run config of the Prometheus ingest. allow_fewer_rows: replace a partition even when the source
+    answers with far fewer GPUs (or none) than the lake has, e.g. after removing nodes on purpose."""
+
+    allow_fewer_rows: bool = False
+
+
+def _guard(store, spec, key: str, table: pa.Table, keys: list[str], config: IngestConfig) -> None:
+    if config.allow_fewer_rows:
+        return
+    why = shrink_reason(store.read_partition(spec, key, columns=keys), table, keys)
+    if why:
+        raise dg.Failure(
+            description=f"{spec.name} partition {key}: {why}: not replacing it (retention passed, or "
+            "the wrong Prometheus?). To replace it anyway, run with config allow_fewer_rows: true."
+        )
+
+
 @dg.asset(
     partitions_def=HOURLY,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=24),
@@ -59,7 +77,12 @@ def _window(hour: datetime, step: float, what: str) -> Window:
     check_specs=GPU_SAMPLES_CHECKS,
     description="One row per GPU per scrape step (dcgm-exporter or foxhunt exporter), canonical units.",
 )
-def gpu_samples(context: dg.AssetExecutionContext, lake: LakeResource, prometheus: PrometheusResource):
+def gpu_samples(
+    context: dg.AssetExecutionContext,
+    config: IngestConfig,
+    lake: LakeResource,
+    prometheus: PrometheusResource,
+):
     settings, catalog, store, client = Settings.from_env(), load_catalog(), lake.lake(), prometheus.client()
     tables: dict[str, pa.Table] = {}
     missing: dict[str, dict] = {}
@@ -74,6 +97,7 @@ def gpu_samples(context: dg.AssetExecutionContext, lake: LakeResource, prometheu
                 experiment_label=settings.experiment_label,
                 exporter_containers=settings.exporter_containers,
             )
+            _guard(store, GPU_SAMPLES, key, table, ["uuid", "gpu_instance"], config)
             store.write_partition(GPU_SAMPLES, key, table)
         except (PrometheusError, LakeError, MigError, IngestError) as e:
             raise failure(e) from None
@@ -178,7 +202,12 @@ def _gpu_checks(tables: dict[str, pa.Table], store):
     kinds={"prometheus", "parquet"},
     description="One row per node per step: CPU busy, memory, network, instance type, GPUs reporting.",
 )
-def node_samples(context: dg.AssetExecutionContext, lake: LakeResource, prometheus: PrometheusResource):
+def node_samples(
+    context: dg.AssetExecutionContext,
+    config: IngestConfig,
+    lake: LakeResource,
+    prometheus: PrometheusResource,
+):
     settings, catalog, store, client = Settings.from_env(), load_catalog(), lake.lake(), prometheus.client()
     tables: dict[str, pa.Table] = {}
     for hour in hours_of(context.partition_time_window):
@@ -202,6 +231,7 @@ def node_samples(context: dg.AssetExecutionContext, lake: LakeResource, promethe
                 node_labels=settings.node_labels,
                 gpu_counts=counts,
             )
+            _guard(store, NODE_SAMPLES, key, table, ["node"], config)
             store.write_partition(NODE_SAMPLES, key, table)
         except (PrometheusError, LakeError) as e:
             raise failure(e) from None
