@@ -12,6 +12,7 @@ import os
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -179,3 +180,28 @@ def test_without_slack_the_definitions_load_and_the_sensors_still_run(lake):
         {"rule": "dagster_run_failed", "sent_to": ""},
         {"rule": "gpu_training_stall", "sent_to": ""},
     ]
+
+
+def test_a_broken_overrides_file_does_not_stop_alerting(lake, tmp_path, monkeypatch):
+    """Issue 13 §2: a typo in FOXHUNT_ALERT_RULES keeps the last good rules, and says which line."""
+    definitions = defs()
+    overrides = Path(os.environ["FOXHUNT_ALERT_RULES"])
+    good = overrides.read_text()
+    assert "1 notified" in _alert_tick(definitions).skip_message  # the good file, once
+    overrides.write_text(good + "  gpu_overheat: {for: 5m\n")  # an unclosed flow mapping
+    with dg.build_sensor_context(resources=definitions.resources, instance=dg.DagsterInstance.ephemeral(),
+                                 cursor=None) as context:  # fmt: skip
+        result = definitions.resolve_sensor_def("alert_sensor")(context)
+    # the same single rule is still evaluated (the last good set), and the tick says what is wrong
+    assert result.skip_message.startswith("1 rules evaluated")
+    assert (
+        "FOXHUNT_ALERT_RULES is broken, alerting goes on with the rules it gave last" in result.skip_message
+    )
+    assert "line" in result.skip_message and str(overrides) in result.skip_message
+    # never good in this process: the catalog's own rules
+    other = tmp_path / "other.yaml"
+    other.write_text("rules: [\n")
+    monkeypatch.setenv("FOXHUNT_ALERT_RULES", str(other))
+    result = _alert_tick(definitions)
+    assert "goes on with the catalog's own rules" in result.skip_message
+    assert not result.skip_message.startswith("1 rules evaluated")  # every enabled rule of the catalog

@@ -62,13 +62,16 @@ def alert_sensor(
     aws: AwsResource,
     slack: SlackBotResource,
 ):
-    from foxhunt_obs.lib.alerts.catalog import load_rules
+    from foxhunt_obs.lib.alerts.catalog import load_rules_or_last_good
     from foxhunt_obs.lib.alerts.engine import tick
     from foxhunt_obs.lib.delivery.alert_sinks import sinks_from_env
 
     store = lake.lake()
+    rules, rules_error = load_rules_or_last_good()
+    if rules_error:
+        context.log.error(f"alerts: {rules_error}")
     cursor, report = tick(
-        load_rules(),
+        rules,
         _sources(lake, prometheus, mlflow, aws),
         sinks_from_env(store, slack.get_client),
         context.cursor,
@@ -95,6 +98,7 @@ def alert_sensor(
         )
     return dg.SkipReason(
         f"{len(report.evaluated)} rules evaluated, {report.findings} findings, {len(report.sent)} notified"
+        + (f". {rules_error}" if rules_error else "")
     )
 
 

@@ -201,6 +201,29 @@ def load_rules(path: Path | None = None, overrides: Path | str | None = None) ->
     return list(_load_rules(path, _version(path), extra, _version(extra) if extra else None))
 
 
+_LAST_GOOD: dict[str, list[Rule]] = {}  # overrides file -> the rules it last gave
+
+
+def load_rules_or_last_good(
+    path: Path | None = None, overrides: Path | str | None = None
+) -> tuple[list[Rule], str]:
+    """(rules, error): like load_rules, but a broken overrides file (FOXHUNT_ALERT_RULES) does not stop
+    alerting: the rules it gave last (or, never good, the catalog's own) are used, and `error` says
+    what is wrong in it (YAML errors name the line). A broken packaged catalog still raises."""
+    chosen = os.environ.get(OVERRIDES_ENV, "") if overrides is None else str(overrides)
+    try:
+        rules = load_rules(path, chosen)
+    except RuleCatalogError as e:
+        if not chosen.strip():
+            raise
+        last = _LAST_GOOD.get(chosen)
+        fallback = last if last is not None else load_rules(path, "")
+        which = "the rules it gave last" if last is not None else "the catalog's own rules"
+        return fallback, f"{OVERRIDES_ENV} is broken, alerting goes on with {which}: {e}"
+    _LAST_GOOD[chosen] = rules
+    return rules, ""
+
+
 def _version(path: Path) -> tuple[int, int] | None:
     try:
         st = path.stat()
