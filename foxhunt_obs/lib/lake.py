@@ -13,8 +13,10 @@ is not stored in the file; readers get it from the path, as a VARCHAR.
 
 from __future__ import annotations
 
+import glob
 import mimetypes
 import os
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ import pyarrow.parquet as pq
 from foxhunt_obs.lib.schemas import TABLES, TableSpec
 
 FILE_NAME = "part-0.parquet"
+STALE_TEMP_S = 3600  # a temp file this old is a killed writer's, not a running one's
 ROW_GROUP_SIZE = 256 * 1024
 
 
@@ -166,11 +169,23 @@ class Lake:
                     if os.path.exists(tmp):
                         os.remove(tmp)
                 _fsync_dir(part_dir)
+                self._remove_stale_temps(spec)
         except LakeError:
             raise
         except Exception as e:
             raise self._error(LakeError, spec, value, f"write failed: {e!r}") from e
         return WriteResult(path=self._url(final), rows=data.num_rows, bytes=size)
+
+    def _remove_stale_temps(self, spec: TableSpec) -> None:
+        """Temp files a killed writer left in this table (a SIGKILL skips the `finally` above). Only ones
+        older than STALE_TEMP_S: a concurrent writer's temp file is younger than that."""
+        cutoff = time.time() - STALE_TEMP_S
+        for tmp in glob.glob(os.path.join(glob.escape(self._table_dir(spec)), "*", "*.tmp-*")):
+            try:
+                if os.path.getmtime(tmp) < cutoff:
+                    os.remove(tmp)
+            except OSError:
+                pass  # gone already (another writer cleaned up)
 
     def delete_partition(self, spec: TableSpec, value: str) -> None:
         """Remove a partition (no-op when absent)."""

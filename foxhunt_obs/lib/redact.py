@@ -53,7 +53,17 @@ def redact_url(url: str) -> str:
         masked = [(k, MASK if _TOKEN_PARAM.match(f"?{k}=x") else v) for k, v in pairs]
         if masked != pairs:
             query = urlencode(masked, safe="*")
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return urlunsplit(parts._replace(netloc=netloc, query=query, path=mask_path_tokens(parts.path)))
+
+
+_PATH_TOKEN = re.compile(r"^(?=[A-Za-z0-9_-]*[0-9])(?=[A-Za-z0-9_-]*[A-Za-z])[A-Za-z0-9_-]{16,}$")
+
+
+def mask_path_tokens(path: str) -> str:
+    """A URL path with token-like segments masked: webhook URLs carry their secret in the path
+    (/services/T0AB12CD/B0XY34ZW/kX9dQ2...): a segment of 16+ letters, digits, `_`, `-` with both letters
+    and digits. Words (`/alerts/receiver`) and short ids stay readable."""
+    return "/".join(MASK if _PATH_TOKEN.match(seg) else seg for seg in path.split("/"))
 
 
 def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:

@@ -422,3 +422,20 @@ def test_shrink_reason_refuses_far_fewer_entities():
         shrink_reason(gpus(8), gpus(3), keys)
         == "the source answered 3 of the 8 uuid/gpu_instance the lake has"
     )
+
+
+def test_a_killed_writers_temp_files_go_on_the_next_write_of_the_table(lake):
+    """SIGKILL mid-write leaves part-0.parquet.tmp-*; the next write of that table removes the stale ones
+    (an hour old) and keeps a fresh one, which may be a concurrent writer's (issue 13 §6)."""
+    lake.write_partition(SPEC, H1, _table(1))
+    folder = os.path.join(lake.root, "things", f"hour={H1}")
+    stale, fresh = (
+        os.path.join(folder, "part-0.parquet.tmp-dead"),
+        os.path.join(folder, "part-0.parquet.tmp-live"),
+    )
+    for path in (stale, fresh):
+        open(path, "wb").write(b"half a file")
+    old = time.time() - lake_mod.STALE_TEMP_S - 60
+    os.utime(stale, (old, old))
+    lake.write_partition(SPEC, H2, _table(2))  # another partition of the same table
+    assert not os.path.exists(stale) and os.path.exists(fresh)

@@ -86,6 +86,7 @@ from slack_sdk.errors import SlackApiError
 from foxhunt_obs.lib.delivery.send import _failure, _scrub
 from foxhunt_obs.lib.delivery.slack_client import slack_web_client
 from foxhunt_obs.lib.lake import Lake, LakeError
+from foxhunt_obs.lib.redact import mask_path_tokens
 from foxhunt_obs.lib.schemas import ALERTS
 from foxhunt_obs.lib.settings import env
 
@@ -162,7 +163,8 @@ def transition_time(n: Notification, now: datetime | None = None) -> datetime:
 
 
 def display_url(url: str) -> str:
-    """The URL as errors and logs show it: no user:password@, no query or fragment (they may hold tokens)."""
+    """The URL as errors and logs show it: no user:password@, no query or fragment, token-like path
+    segments masked (they may hold tokens)."""
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
@@ -172,7 +174,7 @@ def display_url(url: str) -> str:
     except ValueError:
         port = None
     netloc = f"{host}:{port}" if port else host
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    return urllib.parse.urlunsplit((parts.scheme, netloc, mask_path_tokens(parts.path), "", ""))
 
 
 def _http_url(sink: str, url: str, what: str = "the URL") -> str:
