@@ -123,8 +123,13 @@ def load_scenario(source: str | Path | dict | None) -> dict[str, Any]:
             raise ValueError(f"fake scenario {where}: {e}") from e
     unknown = set(scenario) - SCENARIO_KEYS
     if unknown:
-        raise ValueError(f"fake scenario {where}: unknown keys {sorted(unknown)} (known: {sorted(SCENARIO_KEYS)})")
+        raise ValueError(
+            f"fake scenario {where}: unknown keys {sorted(unknown)} (known: {sorted(SCENARIO_KEYS)})"
+        )
     return {**DEFAULT_SCENARIO, **scenario}
+
+
+MAX_GPUS = 64  # more than any node has: a typo (800 for 8) would otherwise spin up 800 fake GPUs
 
 
 class FakeBackend:
@@ -137,7 +142,10 @@ class FakeBackend:
             t0 = time.monotonic()
             clock = lambda: time.monotonic() - t0  # noqa: E731
         self.clock = clock
-        self.gpus = int(sc["gpus"])
+        gpus = sc["gpus"]
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
+            raise ValueError(f"fake scenario: gpus must be a whole number from 1 to {MAX_GPUS}, got {gpus!r}")
+        self.gpus = gpus
         self.model = str(sc["model"])
         mem, limit, sm_mhz, mem_mhz, nvlink = MODELS.get(self.model, MODELS["NVIDIA A100-SXM4-80GB"])
         self.memory_total = int(sc.get("memory_total_bytes") or mem)
@@ -147,6 +155,10 @@ class FakeBackend:
         self._hostname = sc.get("hostname")
         base_load = {**DEFAULT_SCENARIO["load"], **sc.get("load", {})}
         per_gpu = {int(k): v for k, v in sc.get("load_per_gpu", {}).items()}
+        if outside := sorted(k for k in per_gpu if not 0 <= k < gpus):
+            raise ValueError(
+                f"fake scenario: load_per_gpu names GPUs {outside}, but there are {gpus} (0..{gpus - 1})"
+            )
         for spec in (base_load, *per_gpu.values()):
             if set(spec) - LOAD_KEYS:
                 raise ValueError(f"fake scenario: load keys are {sorted(LOAD_KEYS)}, got {sorted(spec)}")
@@ -308,7 +320,12 @@ class FakeBackend:
     def ecc(self, gpu: int) -> Ecc:
         t = self._enter("ecc", gpu, "ecc")
         sbe, dbe = self._bursts("ecc_sbe", gpu, t), self._bursts("ecc_dbe", gpu, t)
-        return Ecc(corrected_volatile=sbe, uncorrected_volatile=dbe, corrected_aggregate=sbe, uncorrected_aggregate=dbe)
+        return Ecc(
+            corrected_volatile=sbe,
+            uncorrected_volatile=dbe,
+            corrected_aggregate=sbe,
+            uncorrected_aggregate=dbe,
+        )
 
     def pcie_replays(self, gpu: int) -> int:
         self._enter("pcie_replays", gpu, "pcie_replays")
@@ -318,7 +335,9 @@ class FakeBackend:
         t = self._enter("nvlink", gpu, "nvlink")
         if not self._has_nvlink:
             raise NvmlError(ErrorCode.NOT_SUPPORTED, f"nvlink: {self.model} has no NVLink (fake)")
-        rx = self._integrate(self._nvlink, gpu, t, self._util(gpu, t) / 100.0 * 100e9)  # ~100 GB/s at full load
+        rx = self._integrate(
+            self._nvlink, gpu, t, self._util(gpu, t) / 100.0 * 100e9
+        )  # ~100 GB/s at full load
         return Nvlink(rx_bytes=int(rx), tx_bytes=int(rx * 0.98))
 
     def remapped_rows(self, gpu: int) -> RemappedRows:
@@ -334,11 +353,15 @@ class FakeBackend:
         self._enter("wait_xid_event")
         if not self._xid_registered:
             raise NvmlError(ErrorCode.UNINITIALIZED, "wait_xid_event: no event set registered")
-        deadline = time.monotonic() + timeout_s  # the timeout is real time; the fault schedule is scenario time
+        deadline = (
+            time.monotonic() + timeout_s
+        )  # the timeout is real time; the fault schedule is scenario time
         with self._lock:
             while True:
                 t = self.clock()
-                waiting = [f for f in self.faults if f.kind == "xid" and not any(f is d for d in self._delivered)]
+                waiting = [
+                    f for f in self.faults if f.kind == "xid" and not any(f is d for d in self._delivered)
+                ]
                 for f in waiting:
                     if f.at <= t:
                         self._delivered.append(f)

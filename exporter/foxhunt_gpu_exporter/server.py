@@ -30,9 +30,34 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+MAX_CONNECTIONS = 32  # scrapers are a handful; more at once is a client gone wrong, not load to serve
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     ssl_context: ssl.SSLContext | None = None
+    max_connections = MAX_CONNECTIONS
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+
+    def process_request(self, request, client_address):  # type: ignore[override]
+        # One thread per connection, at most max_connections: past that a connection is closed at once
+        # instead of a new thread (a flood of idle connections must not exhaust memory or threads).
+        if not self._slots.acquire(blocking=False):
+            log.warning(
+                "%d connections open: closing the one from %s", self.max_connections, client_address[0]
+            )
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address):  # type: ignore[override]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def finish_request(self, request, client_address):  # type: ignore[override]
         # TLS handshake in the per-connection thread, so one slow client cannot stall accept().
@@ -69,7 +94,11 @@ class MetricsServer:
         class Handler(_Handler):
             pass
 
-        Handler.render, Handler.health, Handler.expected_auth = staticmethod(render), staticmethod(health), expected
+        Handler.render, Handler.health, Handler.expected_auth = (
+            staticmethod(render),
+            staticmethod(health),
+            expected,
+        )
         server_cls = _Server
         if ":" in host:
             server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
@@ -116,9 +145,13 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/healthz":  # open without credentials: kubelet probes send none, and it tells nothing
             ok, reason = self.health()
-            return self._send(200 if ok else 503, (reason or "ok").encode() + b"\n", "text/plain; charset=utf-8")
+            return self._send(
+                200 if ok else 503, (reason or "ok").encode() + b"\n", "text/plain; charset=utf-8"
+            )
         if not self._authorized():
-            return self._send(401, b"unauthorized\n", "text/plain", [("WWW-Authenticate", 'Basic realm="metrics"')])
+            return self._send(
+                401, b"unauthorized\n", "text/plain", [("WWW-Authenticate", 'Basic realm="metrics"')]
+            )
         if path == "/metrics":
             return self._metrics()
         if path == "/":
@@ -152,4 +185,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002
-        log.debug("%s %s", self.address_string(), format % args)  # access log only at debug: no per-scrape noise
+        log.debug(
+            "%s %s", self.address_string(), format % args
+        )  # access log only at debug: no per-scrape noise

@@ -101,3 +101,14 @@ def test_shipped_incident_scenario_loads():
     scenario = json.loads(files("foxhunt_gpu_exporter").joinpath("scenarios/incidents.json").read_text())
     fake = FakeBackend(scenario)
     assert {f.kind for f in fake.faults} == {"gpu_lost", "xid", "ecc_sbe", "ecc_dbe", "not_supported"}
+
+
+@pytest.mark.parametrize("gpus", [0, -1, 800, 2.5, "8", True])
+def test_gpus_must_be_a_sensible_whole_number(gpus):
+    with pytest.raises(ValueError, match="gpus must be a whole number from 1 to 64"):
+        FakeBackend({"gpus": gpus})
+
+
+def test_load_per_gpu_names_existing_gpus():
+    with pytest.raises(ValueError, match=r"load_per_gpu names GPUs \[4\], but there are 2"):
+        FakeBackend({"gpus": 2, "load_per_gpu": {4: {"base": 10}}})

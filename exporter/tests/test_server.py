@@ -145,3 +145,24 @@ def test_parse_address(address, expected):
 def test_parse_address_rejects(address):
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_address(address)
+
+
+def test_connection_threads_are_capped(served):
+    """A client that opens connections and sends nothing holds a thread each: past the cap a new
+    connection is closed at once, and the slots come back when the idle ones go (issue 13 §6)."""
+    import socket
+    import time
+
+    from foxhunt_gpu_exporter import server as server_mod
+
+    _, server = served
+    host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
+    idle = [socket.create_connection((host, port), timeout=5) for _ in range(server_mod.MAX_CONNECTIONS)]
+    time.sleep(0.3)  # every one accepted and holding its thread
+    extra = socket.create_connection((host, port), timeout=5)
+    extra.settimeout(5)
+    assert extra.recv(1) == b""  # closed by the server without an answer
+    extra.close()
+    for s in idle:
+        s.close()
+    wait_for(lambda: get(server.url, "/metrics")[0] == 200, what="a slot free again")
