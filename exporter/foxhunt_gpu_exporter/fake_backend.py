@@ -143,8 +143,8 @@ class FakeBackend:
             clock = lambda: time.monotonic() - t0  # noqa: E731
         self.clock = clock
         gpus = sc["gpus"]
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
-            raise ValueError(f"fake scenario: gpus must be a whole number from 1 to {MAX_GPUS}, got {gpus!r}")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= MAX_GPUS:
+            raise ValueError(f"fake scenario: gpus must be a whole number from 0 to {MAX_GPUS}, got {gpus!r}")
         self.gpus = gpus
         self.model = str(sc["model"])
         mem, limit, sm_mhz, mem_mhz, nvlink = MODELS.get(self.model, MODELS["NVIDIA A100-SXM4-80GB"])
