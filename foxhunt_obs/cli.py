@@ -385,9 +385,14 @@ def alerts_replay(
         fsx_ids=csv_setting("FOXHUNT_FSX_IDS") or None,
         lake=lake,
     )
+    scenario = load_scenario(info["scenario"])
+    # the sandbox cluster's own settings (gpu_node_missing: its node count), unless FOXHUNT_ALERT_RULES says
+    overrides = os.environ.get("FOXHUNT_ALERT_RULES") or expected_alerts.write_rule_overrides(
+        scenario, Path(state_dir) / "run" / "alert-rules.yaml"
+    )
     with AlertmanagerServer(workdir=Path(state_dir) / "run") as alertmanager:
         sent, _ = replay(
-            load_rules(),
+            load_rules(overrides=overrides),
             sources,
             [AlertmanagerSink(alertmanager.url), LakeAlertSink(lake)],
             start,
@@ -408,7 +413,7 @@ def alerts_replay(
         + ")"
     )
     verdict = expected_alerts.check(
-        expected_alerts.expected(load_scenario(info["scenario"])), sent, start, sent[-1][0] if sent else end
+        expected_alerts.expected(scenario), sent, start, sent[-1][0] if sent else end
     )
     lines.append(
         f"  Injected incidents found: {len(verdict.found)} of {len(verdict.found) + len(verdict.missed)} "

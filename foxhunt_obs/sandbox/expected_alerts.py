@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
+
+import yaml
 
 from foxhunt_obs.sandbox import bills, training
 from foxhunt_obs.sandbox.scenario import Scenario
@@ -28,6 +31,21 @@ class Expected:
     start: datetime
     end: datetime | None  # None: lasts beyond the replay (must still fire at its end)
     what: str  # the incident in words
+
+
+def rule_overrides(scenario: Scenario) -> dict:
+    """The alert rules' settings the sandbox cluster itself decides, as a FOXHUNT_ALERT_RULES file holds
+    them: gpu_node_missing expects as many GPU nodes as the scenario has (the catalog's default, 2, is
+    seed 000's cluster; with more nodes one lost node would leave enough reporting to say nothing)."""
+    return {"rules": {"gpu_node_missing": {"thresholds": {"expected_nodes": len(scenario.nodes)}}}}
+
+
+def write_rule_overrides(scenario: Scenario, path: Path) -> Path:
+    """rule_overrides as a YAML file at ``path``, for FOXHUNT_ALERT_RULES or load_rules(overrides=...)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(rule_overrides(scenario), sort_keys=False))
+    return path
 
 
 def ident(rule: str, labels: dict[str, str]) -> str:

@@ -2,13 +2,22 @@
 
 What a real cluster's Prometheus would hold, scrape by scrape:
 
-* dcgm-exporter, pre-4.9 field names and units, labelled as dcgm-exporter does (``gpu``, ``UUID``,
-  ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``) and scraped as
-  the GPU Operator's ServiceMonitor does (honor_labels off): the target's ``job``/``instance`` and the
-  exporter pod's own ``namespace``/``pod``/``container`` (gpu-operator, nvidia-dcgm-exporter-xxxxx,
-  nvidia-dcgm-exporter) on every series, and the holder as ``exported_namespace``/``exported_pod``/
-  ``exported_container`` only while a pod holds the GPU, so a GPU's series changes identity when its pod
-  changes, as it does in production.
+* dcgm-exporter, its stock (legacy) field names and units, labelled as dcgm-exporter does (``gpu``,
+  ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``) and
+  scraped as its deployment's ServiceMonitor does (honor_labels off): the target's ``job``/``instance``
+  and the exporter pod's own ``namespace``/``pod``/``container`` on every series, and the holder as
+  ``exported_namespace``/``exported_pod``/``exported_container`` only while a pod holds the GPU, so a
+  GPU's series changes identity when its pod changes, as it does in production. A node's ``exporter``
+  (EXPORTERS) is the deployment: the GPU Operator's (gpu-operator, nvidia-dcgm-exporter-xxxxx,
+  nvidia-dcgm-exporter) or NVIDIA's dcgm-exporter Helm chart's (its namespace, dcgm-exporter-xxxxx,
+  container ``exporter``, Service ``dcgm-exporter`` and endpoint ``metrics`` as prometheus-operator
+  labels the target; its counters list has no ECC fields and no DCGM_FI_DRIVER_VERSION, so neither is
+  written there). DCGM_FI_PROF_GR_ENGINE_ACTIVE is written for every GPU (on by default in every stock
+  counters list).
+* MIG: each GPU instance of a MIG GPU is a unit of its own (truth.gpu_units), labelled with the
+  parent's ``gpu``/``UUID``/``device`` plus ``GPU_I_PROFILE``/``GPU_I_ID`` (in that order, before
+  ``Hostname``) and its own holder; there is no whole-GPU series, and no GPU_UTIL, ECC or NVLink series
+  on a slice (foxhunt_obs_tests/fixtures/real/dcgm/dcgm-exporter-mig-*.prom).
 * node_exporter (cpu, memory, network) with ``instance="<node IP>:9100"`` and no node label, as
   kube-prometheus-stack scrapes it (hostNetwork): kube_node_info's internal_ip names the node.
 * kube-state-metrics ``kube_pod_labels`` (while the pod exists), ``kube_node_labels`` and
@@ -31,25 +40,67 @@ import hashlib
 import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
 from foxhunt_obs.sandbox import truth
-from foxhunt_obs.sandbox.scenario import Scenario
+from foxhunt_obs.sandbox.scenario import Node, Scenario
 
 BLOCK_S = 2 * 3600  # Prometheus TSDB block range; blocks are aligned to multiples of it since the epoch
 DRIVER_VERSION = "535.183.01"
 DCGM_NAMESPACE, DCGM_CONTAINER = "gpu-operator", "nvidia-dcgm-exporter"  # the GPU Operator's DaemonSet
 
 
-def dcgm_exporter_pod(node: str) -> str:
+@dataclass(frozen=True)
+class Exporter:
+    """How a dcgm-exporter deployment's series look: the target's labels (Kubernetes service discovery
+    through its ServiceMonitor) and whether its counters list carries DCGM_FI_DRIVER_VERSION."""
+
+    namespace: str
+    pod_prefix: str  # DaemonSet pods: <prefix>-<5 characters>
+    container: str
+    target: dict[str, str]  # more target labels (prometheus-operator's service, endpoint)
+    driver_label: bool
+
+
+EXPORTERS = {
+    # NVIDIA GPU Operator: DaemonSet nvidia-dcgm-exporter in gpu-operator (what the sandbox always wrote)
+    "gpu-operator": Exporter(DCGM_NAMESPACE, DCGM_CONTAINER, DCGM_CONTAINER, {}, True),
+    # NVIDIA's dcgm-exporter Helm chart: container `exporter`, Service and ServiceMonitor dcgm-exporter
+    # (port `metrics`, honorLabels false); its built-in counters list (the chart's metrics-configmap,
+    # fixtures/real/dcgm/counters/helm-chart-default-metrics.csv) lacks DCGM_FI_DRIVER_VERSION and ECC
+    "helm-chart": Exporter(
+        "gpu-monitoring",
+        "dcgm-exporter",
+        "exporter",
+        {"service": "dcgm-exporter", "endpoint": "metrics"},
+        False,
+    ),
+}
+
+
+def dcgm_exporter_pod(node: str, exporter: str = "gpu-operator") -> str:
     """The node's dcgm-exporter pod, named as a DaemonSet names its pods (a 5-character suffix)."""
-    return f"{DCGM_CONTAINER}-{hashlib.sha256(node.encode()).hexdigest()[:5]}"
+    return f"{EXPORTERS[exporter].pod_prefix}-{hashlib.sha256(node.encode()).hexdigest()[:5]}"
 
 
-DCGM_METRICS = {  # dcgm-exporter name (pre-4.9) -> truth column, in the exporter's units
+def dcgm_target(node: Node) -> dict[str, str]:
+    """The labels of the node's dcgm-exporter target: on its ``up`` and on every series it yields."""
+    e = EXPORTERS[node.exporter]
+    return {
+        "job": "dcgm-exporter",
+        "instance": f"{node.name}:9400",
+        "namespace": e.namespace,
+        "pod": dcgm_exporter_pod(node.name, node.exporter),
+        "container": e.container,
+        **e.target,
+    }
+
+
+DCGM_METRICS = {  # dcgm-exporter name (stock counters) -> truth column, in the exporter's units
     "DCGM_FI_DEV_GPU_UTIL": "util_pct",
     "DCGM_FI_DEV_FB_USED": "fb_used_mib",
     "DCGM_FI_DEV_FB_FREE": "fb_free_mib",
@@ -62,6 +113,7 @@ DCGM_METRICS = {  # dcgm-exporter name (pre-4.9) -> truth column, in the exporte
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe",
     "DCGM_FI_DEV_XID_ERRORS": "xid",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "nvlink_total",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gr_active",
 }
 NODE_METRICS = (
     "node_cpu_seconds_total",
@@ -178,7 +230,7 @@ def _trackers(scenario: Scenario, wanted: set[str]) -> dict[str, Callable]:
         return get
 
     return {
-        "gpu": memo(truth.gpu_track, len(wanted & set(DCGM_METRICS)) > 1),
+        "gpu": memo(truth.gpu_units, len(wanted & set(DCGM_METRICS)) > 1),
         "node": memo(truth.node_track, True),
         "observed": memo(lambda sc, node: truth.observed(sc, node.name), True),
     }
@@ -191,47 +243,42 @@ def _series(
     n = scenario.steps
     ones = np.ones(n, dtype=np.int64)
     if family in DCGM_METRICS:
+        column = DCGM_METRICS[family]
         for node in scenario.nodes:
             up = get["observed"](node)
+            target = dcgm_target(node)
+            driver = (
+                {"DCGM_FI_DRIVER_VERSION": DRIVER_VERSION} if EXPORTERS[node.exporter].driver_label else {}
+            )
             for g in range(node.gpus):
-                track = get["gpu"](node, g)
-                gpu = _labels(
-                    gpu=str(g),
-                    UUID=truth.gpu_uuid(scenario, node.name, g),
-                    pci_bus_id=_pci_bus_id(g),
-                    device=f"nvidia{g}",
-                    modelName=node.model,
-                    Hostname=node.name,
-                    DCGM_FI_DRIVER_VERSION=DRIVER_VERSION,
-                    job="dcgm-exporter",
-                    instance=f"{node.name}:9400",
-                    namespace=DCGM_NAMESPACE,
-                    pod=dcgm_exporter_pod(node.name),
-                    container=DCGM_CONTAINER,
-                )
-                holder = track["holder"]
-                for h in np.unique(holder[up]):
-                    labels = gpu
-                    if h >= 0:
-                        p = scenario.pods[h]
-                        labels += "," + _labels(
-                            exported_container=p.container,
-                            exported_namespace=p.namespace,
-                            exported_pod=p.name,
-                        )
-                    yield labels, track[DCGM_METRICS[family]], up & (holder == h)
+                gpu = {
+                    "gpu": str(g),
+                    "UUID": truth.gpu_uuid(scenario, node.name, g),
+                    "pci_bus_id": _pci_bus_id(g),
+                    "device": f"nvidia{g}",
+                    "modelName": node.model,
+                }
+                for mig, track in get["gpu"](node, g):
+                    if column not in track:
+                        continue  # not reported by this unit (a slice's GPU_UTIL, ECC on the Helm chart)
+                    instance = {"GPU_I_PROFILE": mig.profile, "GPU_I_ID": str(mig.instance)} if mig else {}
+                    labels = _labels(**gpu, **instance, Hostname=node.name, **driver, **target)
+                    holder = track["holder"]
+                    for h in np.unique(holder[up]):
+                        held = labels
+                        if h >= 0:
+                            p = scenario.pods[h]
+                            held += "," + _labels(
+                                exported_container=p.container,
+                                exported_namespace=p.namespace,
+                                exported_pod=p.name,
+                            )
+                        yield held, track[column], up & (holder == h)
     elif family == "up":
         # A target's up carries the target's own labels: for dcgm-exporter, found by Kubernetes service
         # discovery, its pod's (which is how the ingest tells the exporter pod from a GPU's holder).
         for node in scenario.nodes:
-            target = _labels(
-                job="dcgm-exporter",
-                instance=f"{node.name}:9400",
-                namespace=DCGM_NAMESPACE,
-                pod=dcgm_exporter_pod(node.name),
-                container=DCGM_CONTAINER,
-            )
-            yield target, get["observed"](node).astype(np.int64), None
+            yield _labels(**dcgm_target(node)), get["observed"](node).astype(np.int64), None
         for node in scenario.nodes:
             target = _labels(job="node-exporter", instance=_node_exporter_instance(node.name))
             yield target, get["observed"](node).astype(np.int64), None

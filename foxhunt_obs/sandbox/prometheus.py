@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,8 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import yaml
 
 from foxhunt_obs.sandbox.cache import build_once
 from foxhunt_obs.sandbox.local_server import (
@@ -87,15 +90,22 @@ def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = 
 def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
     """The canonical recording rules (foxhunt:gpu_*) evaluated over the scenario's history and added to
     the TSDB as blocks: Prometheus evaluates rules only from when it starts, but dashboards and the alert
-    rules read these names in the past too (a replay of the scenario through the alert sensor)."""
-    out = work / "rule-blocks"
+    rules read these names in the past too (a replay of the scenario through the alert sensor).
+
+    promtool's rule backfill evaluates every rule against the stored series only: a rule cannot see
+    another rule's output (Prometheus docs, "Backfilling for Recording Rules: Limitations"), while a live
+    Prometheus evaluates a group's rules in order, each seeing the ones before it at the same timestamp.
+    So the rules are backfilled with those references inlined (``inline_records``): the same values,
+    e.g. foxhunt:gpu_util:ratio from GR_ENGINE_ACTIVE on a MIG slice, which reports no GPU_UTIL."""
+    out, rules_file = work / "rule-blocks", work / "rules-inlined.yaml"
+    rules_file.write_text(yaml.safe_dump(inline_records(RECORDING_RULES), sort_keys=False, width=1 << 20))
     with PrometheusServer(tsdb, workdir=work) as server:
         r = subprocess.run(
             [
                 PROMTOOL, "tsdb", "create-blocks-from", "rules", "--quiet",
                 f"--url={server.url}", f"--start={int(scenario.start.timestamp())}",
                 f"--end={int(scenario.end.timestamp())}", f"--eval-interval={scenario.step_s}s",
-                f"--output-dir={out}", str(RECORDING_RULES),
+                f"--output-dir={out}", str(rules_file),
             ],
             capture_output=True,
             text=True,
@@ -107,9 +117,31 @@ def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None
     for block in out.iterdir():
         block.rename(tsdb / block.name)
     shutil.rmtree(out)
+    rules_file.unlink()
     for leftover in ("wal", "chunks_head", "queries.active", "lock"):  # the temporary server's own state
         path = tsdb / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def inline_records(rules_file: Path) -> dict:
+    """The rules file with every reference to an earlier rule's record replaced by that rule's expression
+    (itself inlined): what a live Prometheus computes, evaluating a group's rules in order. Only bare
+    references (no matchers, no range) are inlined; the generated rules have no others."""
+    doc = yaml.safe_load(Path(rules_file).read_text())
+    exprs: dict[str, str] = {}
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            expr = rule["expr"].strip()
+            for record, body in exprs.items():
+                ref = re.compile(rf"(?<![\w:]){re.escape(record)}(?![\w:])(\s*[{{\[])?")
+                if any(m.group(1) for m in ref.finditer(expr)):
+                    raise SandboxError(
+                        f"{rules_file}: {rule['record']} reads {record} with matchers or a range"
+                    )
+                expr = ref.sub(lambda _, body=body: f"({body})", expr)
+            exprs[rule["record"]] = expr
+            rule["expr"] = expr + "\n"
+    return doc
 
 
 def copy_tsdb(src: Path, dst: Path) -> Path:

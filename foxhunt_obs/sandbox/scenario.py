@@ -8,10 +8,10 @@ returns, sample for sample.
 YAML layout (see scenarios/small.yaml for a commented example)::
 
     name, start, hours, scrape_interval_s, seed
-    node_defaults: {instance_type, gpus, model, mem_mib, cpus, mem_gib}   # optional
-    nodes:        [{name, ...overrides}]  or  [name, ...]
+    node_defaults: {instance_type, gpus, model, mem_mib, cpus, mem_gib, exporter}   # optional
+    nodes:        [{name, ...overrides, mig?}]  or  [name, ...]
     experiments:  [{name, namespace}]
-    pods:         [{name, experiment, node, gpus: [idx], start_h, end_h,   # hours, or "H:MM[:SS]"
+    pods:         [{name, experiment, node, gpus: [idx | "idx/gi"], start_h, end_h,  # hours, or "H:MM[:SS]"
                     util: {base, amplitude, period_h, noise}, container?}]
     incidents:    [{kind: stall, pod, start_h, minutes}
                    {kind: ecc_sbe | ecc_dbe, node, gpu, start_h, minutes, count}
@@ -41,28 +41,49 @@ incidents may not fall into such a pause. ``deleted: true`` deletes the run afte
 
 The ``aws`` block (aws_scenario.py) describes the bills and FSx file systems: bills.py is their exact truth
 and moto_server.py seeds a moto server with it. It changes no Prometheus or MLflow sample.
+
+A node's ``exporter`` says how its dcgm-exporter is deployed, which is what its series look like
+(openmetrics.py): ``gpu-operator`` (the default: NVIDIA GPU Operator, namespace gpu-operator, pods and
+container ``nvidia-dcgm-exporter``) or ``helm-chart`` (NVIDIA's own dcgm-exporter chart: container
+``exporter``, pods ``dcgm-exporter-xxxxx``, its built-in counters list, which has no ECC fields and no
+DCGM_FI_DRIVER_VERSION label; ECC incidents cannot be told on such a node). Both are scraped with
+honor_labels off, so a holder arrives as exported_pod and every series carries the exporter pod's own
+namespace/pod/container, as ``up`` does.
+
+A node's ``mig`` puts GPUs in MIG mode: ``mig: {0: [3g.40gb, 3g.40gb]}`` slices GPU 0 into GPU instances
+of those profiles, with GPU instance ids 1, 2, ... in the order listed (what ``nvidia-smi mig -cgi`` gives
+the first instances on an empty A100/H100; other layouts get other ids on real GPUs, which nothing
+here depends on). The profiles' compute slices may not exceed the GPU's (7 on an A100; mig_profiles.yaml),
+nor their memory the GPU's. A MIG GPU has no whole-GPU holder: a pod holds a slice, ``gpus: ["0/1"]``
+(GPU 0, GPU instance 1), and two pods may hold the two slices of one GPU at the same time. Each slice
+reports its own activity (DCGM_FI_PROF_GR_ENGINE_ACTIVE; no DCGM_FI_DEV_GPU_UTIL) and memory, and the
+GPU's device values (temperature, power, clocks, energy, XID) on each of its slices. Stall incidents need
+a pod holding whole GPUs and ECC incidents a whole GPU: the truth tells them per GPU.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from foxhunt_obs.lib.analysis.mig import MigError, slice_share
 from foxhunt_obs.sandbox.aws_scenario import Aws, parse_aws
 
 # Bump whenever the generator writes different samples for the same YAML: it is part of the cache key.
-GENERATOR_VERSION = "5"
+GENERATOR_VERSION = "6"
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 INCIDENT_KINDS = ("stall", "ecc_sbe", "ecc_dbe", "node_lost", "oom_loop")
 TRAINING_INCIDENT_KINDS = ("nan_loss", "entropy_collapse", "success_drop", "stall")
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED", "RUNNING")
 ALGOS = ("PPO", "DQN")
+EXPORTERS = ("gpu-operator", "helm-chart")  # how a node's dcgm-exporter is deployed (openmetrics.py)
 
 _NODE_DEFAULTS = {
     "instance_type": "p4de.24xlarge",
@@ -71,6 +92,7 @@ _NODE_DEFAULTS = {
     "mem_mib": 81920,
     "cpus": 4,  # node_exporter CPUs written; a real p4de has 96, 4 keeps the files small
     "mem_gib": 1152,
+    "exporter": "gpu-operator",
 }
 
 
@@ -87,6 +109,17 @@ class ScenarioError(ValueError):
 
 
 @dataclass(frozen=True)
+class MigSlice:
+    """A MIG GPU instance: GPU ``gpu`` of its node, GPU_I_ID ``instance``, GPU_I_PROFILE ``profile``."""
+
+    gpu: int
+    instance: int
+    profile: str  # "3g.40gb"
+    share: float  # of its GPU: the profile's compute slices over the GPU's (mig_profiles.yaml)
+    mem_mib: int  # its framebuffer: the profile's GB x 1024 MiB (FB_USED + FB_FREE)
+
+
+@dataclass(frozen=True)
 class Node:
     name: str
     index: int  # position in the file: part of every random seed of this node
@@ -96,6 +129,15 @@ class Node:
     mem_mib: int
     cpus: int
     mem_total_bytes: int
+    exporter: str = "gpu-operator"  # one of EXPORTERS
+    mig: tuple[MigSlice, ...] = ()  # the slices of its GPUs in MIG mode, by GPU then instance
+
+    def slices(self, gpu: int) -> tuple[MigSlice, ...]:
+        """The GPU's MIG slices; () for a whole GPU."""
+        return tuple(s for s in self.mig if s.gpu == gpu)
+
+    def is_mig(self, gpu: int) -> bool:
+        return any(s.gpu == gpu for s in self.mig)
 
 
 @dataclass(frozen=True)
@@ -120,13 +162,14 @@ class Pod:
     experiment: str
     namespace: str
     node: str
-    gpus: tuple[int, ...]
+    gpus: tuple[int, ...]  # whole GPUs held
     start: datetime
     end: datetime  # exclusive
     start_s: int  # offsets from the scenario start, seconds
     end_s: int
     util: UtilProfile
     container: str = "trainer"
+    slices: tuple[tuple[int, int], ...] = ()  # MIG slices held: (GPU, GPU instance id), "0/1" in YAML
 
 
 @dataclass(frozen=True)
@@ -352,9 +395,12 @@ class _Parser:
 
     def node(self, i: int, d: Any, defaults: dict) -> Node:
         d = {"name": d} if isinstance(d, str) else d
-        d = self.fields(d, f"nodes[{i}]", {"name"}, set(_NODE_DEFAULTS))
+        where = f"nodes[{i}]" + (f" ({d.get('name')!r})" if isinstance(d, dict) and "name" in d else "")
+        d = self.fields(d, where, {"name"}, {*_NODE_DEFAULTS, "mig"})
         v = {**defaults, **d}
-        return Node(
+        if v["exporter"] not in EXPORTERS:
+            raise self.fail(where, f"exporter must be one of {', '.join(EXPORTERS)}, got {v['exporter']!r}")
+        node = Node(
             name=v["name"],
             index=i,
             instance_type=v["instance_type"],
@@ -363,7 +409,58 @@ class _Parser:
             mem_mib=int(v["mem_mib"]),
             cpus=int(v["cpus"]),
             mem_total_bytes=int(v["mem_gib"]) << 30,
+            exporter=v["exporter"],
         )
+        if d.get("mig") is not None:
+            node = replace(node, mig=self.mig(node, d["mig"], f"{where}: mig"))
+        return node
+
+    def mig(self, node: Node, d: Any, where: str) -> tuple[MigSlice, ...]:
+        """``{gpu: [profile, ...]}``: GPU instance ids 1, 2, ... in the order listed."""
+        if not isinstance(d, dict) or not d:
+            raise self.fail(where, f"expected a mapping of GPU index to a list of MIG profiles, got {d!r}")
+        by_gpu: dict[int, Any] = {}
+        for key, profiles in d.items():
+            if isinstance(key, bool) or not re.fullmatch(r"\d+", str(key)):
+                raise self.fail(where, f"{key!r} is not a GPU index")
+            if int(key) in by_gpu:
+                raise self.fail(where, f"GPU {int(key)} is listed twice")
+            by_gpu[int(key)] = profiles
+        out: list[MigSlice] = []
+        for gpu, profiles in sorted(by_gpu.items()):
+            if not 0 <= gpu < node.gpus:
+                raise self.fail(
+                    where, f"GPU index {gpu} out of range (node {node.name} has {node.gpus} GPUs)"
+                )
+            if not isinstance(profiles, list) or not profiles:
+                raise self.fail(
+                    where, f"GPU {gpu}: expected a non-empty list of MIG profiles, got {profiles!r}"
+                )
+            used, total, mib = 0, 0, 0
+            for k, profile in enumerate(profiles, start=1):
+                m = re.fullmatch(r"(\d+)g\.(\d+)gb", str(profile))
+                if not m:
+                    raise self.fail(where, f"GPU {gpu}: {profile!r} is not a MIG profile like 3g.40gb")
+                try:
+                    share = slice_share(str(profile), node.model)
+                except MigError as e:
+                    raise self.fail(where, f"GPU {gpu}: {e}") from None
+                used += int(m.group(1))
+                total = round(int(m.group(1)) / share)  # the GPU's compute slices
+                mib += int(m.group(2)) * 1024
+                out.append(MigSlice(gpu, k, str(profile), share, int(m.group(2)) * 1024))
+            if used > total:
+                raise self.fail(
+                    where,
+                    f"GPU {gpu}: the slices {', '.join(map(str, profiles))} take {used} compute slices, "
+                    f"the GPU ({node.model}) has {total}",
+                )
+            if mib > node.mem_mib:
+                raise self.fail(
+                    where,
+                    f"GPU {gpu}: the slices need {mib} MiB of memory, the GPU has {node.mem_mib} MiB",
+                )
+        return tuple(out)
 
     def experiment(self, d: Any) -> Experiment:
         d = self.fields(d, f"experiment {d!r}", {"name", "namespace"})
@@ -392,12 +489,7 @@ class _Parser:
         )
         exp = self.known(self.experiments, d["experiment"], "experiment", where)
         node = self.known(self.nodes, d["node"], "node", where)
-        gpus = tuple(int(g) for g in d["gpus"])
-        for g in gpus:
-            if not 0 <= g < node.gpus:
-                raise self.fail(where, f"GPU index {g} out of range (node {node.name} has {node.gpus} GPUs)")
-        if not gpus or len(set(gpus)) != len(gpus):
-            raise self.fail(where, f"gpus must be a non-empty list of distinct indexes, got {list(gpus)}")
+        gpus, slices = self.held(node, d["gpus"], where)
         u = self.fields(d["util"], f"{where}: util", {"base"}, {"amplitude", "period_h", "noise"})
         s, e = self.window(d, where, "end_h")
         return Pod(
@@ -412,16 +504,59 @@ class _Parser:
             end_s=e,
             util=UtilProfile(**{k: float(v) for k, v in u.items()}),
             container=d.get("container", "trainer"),
+            slices=slices,
         )
 
+    def held(self, node: Node, raw: Any, where: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+        """A pod's ``gpus``: whole GPUs by index (0) and MIG slices as "GPU/GPU instance" ("0/1")."""
+        if not isinstance(raw, list) or not raw:
+            raise self.fail(
+                where, f'gpus must be a non-empty list of GPU indexes or "gpu/instance" slices, got {raw!r}'
+            )
+        gpus: list[int] = []
+        slices: list[tuple[int, int]] = []
+        for item in raw:
+            m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", item) if isinstance(item, str) else None
+            if m:
+                g, gi = int(m.group(1)), int(m.group(2))
+            elif isinstance(item, int) and not isinstance(item, bool):
+                g, gi = item, None
+            else:
+                raise self.fail(
+                    where, f'{item!r} is neither a GPU index nor a MIG slice "gpu/instance" like "0/1"'
+                )
+            if not 0 <= g < node.gpus:
+                raise self.fail(where, f"GPU index {g} out of range (node {node.name} has {node.gpus} GPUs)")
+            if gi is None:
+                if node.is_mig(g):
+                    ids = ", ".join(f'"{g}/{s.instance}"' for s in node.slices(g))
+                    raise self.fail(
+                        where, f"GPU {g} of {node.name} is in MIG mode: a pod holds one of its slices ({ids})"
+                    )
+                gpus.append(g)
+            else:
+                if not node.is_mig(g):
+                    raise self.fail(where, f"GPU {g} of {node.name} is not in MIG mode: hold it whole ({g})")
+                if gi not in {s.instance for s in node.slices(g)}:
+                    known = ", ".join(str(s.instance) for s in node.slices(g))
+                    raise self.fail(
+                        where, f"GPU {g} of {node.name} has no MIG GPU instance {gi} (instances: {known})"
+                    )
+                slices.append((g, gi))
+        if len(set(gpus)) != len(gpus) or len(set(slices)) != len(slices):
+            raise self.fail(where, f"gpus must not name a GPU or slice twice, got {raw!r}")
+        return tuple(gpus), tuple(slices)
+
     def check_overlaps(self, pods: tuple[Pod, ...]) -> None:
-        held: dict[tuple[str, int], list[Pod]] = {}
+        held: dict[tuple[str, int, int | None], list[Pod]] = {}
+        units = lambda p: [(g, None) for g in p.gpus] + list(p.slices)  # noqa: E731
         for p in pods:
-            for g in p.gpus:
-                for q in held.setdefault((p.node, g), []):
+            for g, gi in units(p):
+                for q in held.setdefault((p.node, g, gi), []):
                     if p.start_s < q.end_s and q.start_s < p.end_s:
-                        raise self.fail(f"pod {p.name!r}", f"overlaps pod {q.name!r} on {p.node} GPU {g}")
-                held[(p.node, g)].append(p)
+                        what = f"GPU {g}" if gi is None else f"GPU {g} MIG instance {gi}"
+                        raise self.fail(f"pod {p.name!r}", f"overlaps pod {q.name!r} on {p.node} {what}")
+                held[(p.node, g, gi)].append(p)
 
     def incident(self, i: int, d: Any) -> Incident:
         kind = d.get("kind") if isinstance(d, dict) else None
@@ -431,6 +566,12 @@ class _Parser:
         if kind == "stall":
             d = self.fields(d, where, {"kind", "pod", "start_h", "minutes"})
             pod = self.known(self.pods, d["pod"], "pod", where)
+            if pod.slices:
+                raise self.fail(
+                    where,
+                    f"pod {pod.name!r} holds MIG slices ({', '.join(f'{g}/{i}' for g, i in pod.slices)}): "
+                    "a stall needs a pod holding whole GPUs",
+                )
             s, e = self.window(d, where, "minutes")
             if not pod.start_s <= s < e <= pod.end_s:
                 raise self.fail(where, f"the stall must lie within pod {pod.name!r}'s lifetime")
@@ -456,6 +597,16 @@ class _Parser:
         if not 0 <= int(d["gpu"]) < node.gpus:
             raise self.fail(
                 where, f"GPU index {d['gpu']} out of range (node {node.name} has {node.gpus} GPUs)"
+            )
+        if node.is_mig(int(d["gpu"])):
+            raise self.fail(
+                where, f"GPU {d['gpu']} of {node.name} is in MIG mode: ECC incidents need a whole GPU"
+            )
+        if node.exporter != "gpu-operator":
+            raise self.fail(
+                where,
+                f"{node.name}'s exporter ({node.exporter}) exports no ECC counters (its counters list "
+                "leaves DCGM_FI_DEV_ECC_*_VOL_TOTAL out): ECC incidents need exporter: gpu-operator",
             )
         if int(d["count"]) < 1:
             raise self.fail(where, "count must be at least 1")

@@ -2,7 +2,9 @@
 (lib/alerts/engine.tick every 5 minutes, as of that time) against a real Prometheus (history plus the
 recording rules backfilled), a real mlflow server, a real moto server and a real Alertmanager. Every
 injected incident fires once and resolves once (or still fires at the end), at the right time; nothing
-else fires."""
+else fires: not on ip-10-0-1-13 either (NVIDIA's Helm chart exporter, MIG slices held by two pods).
+gpu_node_missing expects the scenario's 3 nodes (expected_alerts.rule_overrides, as FOXHUNT_ALERT_RULES
+would set it)."""
 
 from datetime import datetime, timedelta, timezone
 
@@ -95,7 +97,9 @@ def replayed(small, prometheus, small_mlflow_store, tmp_path_factory):
             lake=lake,
         )
         sinks = [AlertmanagerSink(alertmanager.url), LakeAlertSink(lake)]
-        rules = load_rules(overrides="")
+        overrides = expected_alerts.write_rule_overrides(small, work / "alert-rules.yaml")
+        rules = load_rules(overrides=overrides)
+        assert next(r for r in rules if r.id == "gpu_node_missing").thresholds["expected_nodes"] == 3
         # first half: up to the stall's firing, when Alertmanager must show what is firing
         first, cursor = replay(rules, sources, sinks, small.start, at("02:40"))
         active = {a["labels"]["alertname"] for a in alertmanager.alerts(active=True)}
@@ -145,9 +149,20 @@ def test_notifications_carry_their_story(replayed):
     stall = by_rule["gpu_training_stall"]
     assert stall.severity == "critical" and "ppo-humanoid-trainer-0 holds 2 GPUs at 0%" in stall.summary
     assert by_rule["fsx_low_space"].summary.startswith("FSx foxhunt-scratch")
-    assert by_rule["gpu_node_missing"].summary == "1 GPU nodes reporting, 2 expected"
+    assert by_rule["gpu_node_missing"].summary == "2 GPU nodes reporting, 3 expected"
     resolved = [n for _, n in sent if n.status == "resolved"]
     assert all(n.ends_at is not None and n.ends_at > n.starts_at for n in resolved)
+
+
+def test_the_mig_and_helm_chart_node_raises_nothing(small, replayed):
+    """Its pods busy (~80 % GR_ENGINE_ACTIVE on the slices), never an hour without a pod: no alert is
+    about ip-10-0-1-13 or one of its pods, although its rules read slices (foxhunt:gpu_util:ratio from
+    GR_ENGINE_ACTIVE there)."""
+    sent, _, _, _ = replayed
+    node = "ip-10-0-1-13"
+    pods = {p.name for p in small.pods if p.node == node}
+    assert len(pods) == 3
+    assert not [n for _, n in sent if n.labels.get("node") == node or n.labels.get("pod") in pods]
 
 
 def test_alertmanager_saw_them(replayed):

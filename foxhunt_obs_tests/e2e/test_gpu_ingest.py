@@ -1,5 +1,6 @@
 """GPU ingest end to end: the `small` scenario in a real Prometheus, real Dagster runs, the lake
-compared with the scenario's ground truth."""
+compared with the scenario's ground truth. Its third node runs NVIDIA's dcgm-exporter Helm chart (an
+exporter pod whose container is `exporter`) and has GPU 0 in MIG mode: two slices held by two pods."""
 
 import os
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES, NODE_SAMPLES
-from foxhunt_obs.sandbox import bills, truth
+from foxhunt_obs.sandbox import bills, openmetrics, truth
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = "2026-11-16"
@@ -36,7 +37,14 @@ GPU_CANONICAL = [
     "ecc_dbe_total",
     "xid_last",
     "nvlink_bandwidth_total",
+    "gr_engine_active",
 ]
+KEY = ["ts", "uuid", "gpu_instance"]  # a GPU, or a MIG slice of it, at a scrape
+
+
+def _keyed(df: pd.DataFrame) -> pd.DataFrame:
+    """gpu_instance as -1 on whole GPUs (the lake's nulls and the truth's <NA> then merge alike)."""
+    return df.assign(gpu_instance=df["gpu_instance"].astype("Float64").fillna(-1).astype(int))
 
 
 def run(job: str, first: str, last: str, instance=None) -> dg.ExecuteInProcessResult:
@@ -84,14 +92,16 @@ def _lake_df(lake: Lake, table: str, order: str) -> pd.DataFrame:
 
 
 def test_gpu_samples_equal_the_ground_truth(small, ingested):
-    expected = truth.gpu_samples(small)
-    got = _lake_df(ingested, "gpu_samples", "ts, node, gpu")
+    expected = _keyed(truth.gpu_samples(small))
+    got = _keyed(_lake_df(ingested, "gpu_samples", "ts, node, gpu, gpu_instance"))
     assert len(got) == len(expected)  # exact row count: every scrape, none of the lost node's
     assert ingested.partitions(GPU_SAMPLES) == [f"{DAY}T{h:02d}" for h in range(small.hours)]
-    m = expected.merge(got, on=["ts", "uuid"], suffixes=("_t", ""), how="outer", indicator=True)
+    m = expected.merge(got, on=KEY, suffixes=("_t", ""), how="outer", indicator=True)
     assert (m["_merge"] == "both").all()
-    for col in ("node", "gpu", "model", "namespace", "pod", "container", "experiment"):
+    for col in ("node", "gpu", "model", "namespace", "pod", "container", "experiment", "gpu_profile"):
         assert (m[col] == m[f"{col}_t"]).all(), col
+    assert (m["util_basis"] == m["util_basis_t"]).all()  # GR_ENGINE_ACTIVE on slices, GPU_UTIL elsewhere
+    np.testing.assert_array_equal(m["gpu_share"], m["gpu_share_t"])
     for col in GPU_CANONICAL:
         np.testing.assert_allclose(m[col], m[f"{col}_t"], rtol=1e-9, atol=1e-9, err_msg=col)
     assert (got["step_seconds"] == small.step_s).all()
@@ -105,6 +115,64 @@ def test_gpu_samples_equal_the_ground_truth(small, ingested):
 def test_idle_gpus_have_no_pod_and_are_unattributed(ingested):
     idle = ingested.query("SELECT DISTINCT experiment, namespace, container FROM gpu_samples WHERE pod = ''")
     assert idle.to_pylist() == [{"experiment": "unattributed", "namespace": "", "container": ""}]
+
+
+def test_no_exporter_pod_holds_a_gpu(small, ingested):
+    """Neither the GPU Operator's exporter pods nor the Helm chart's (container `exporter`) are holders:
+    their pods are the scrape targets' own (`up`), whatever the container is called."""
+    exporters = {openmetrics.dcgm_exporter_pod(n.name, n.exporter) for n in small.nodes}
+    assert {n.exporter for n in small.nodes} == {"gpu-operator", "helm-chart"}
+    rows = ingested.query("SELECT DISTINCT node, namespace, pod, container FROM gpu_samples").to_pylist()
+    assert not exporters & {r["pod"] for r in rows}
+    assert not {"exporter", "nvidia-dcgm-exporter"} & {r["container"] for r in rows}
+    assert not {e.namespace for e in openmetrics.EXPORTERS.values()} & {r["namespace"] for r in rows}
+    # the Helm chart's node: its unheld GPUs and slices are no pod's, the held ones their pods'
+    chart = next(n for n in small.nodes if n.exporter == "helm-chart")
+    want = {(p.namespace, p.name) for p in small.pods if p.node == chart.name} | {("", "")}
+    assert {(r["namespace"], r["pod"]) for r in rows if r["node"] == chart.name} == want
+
+
+def test_mig_slices_have_their_own_holders(small, ingested):
+    """GPU 0 of the MIG node: one row per slice per scrape (no whole-GPU row), each slice's holder the
+    truth's at every scrape, its share 3/7 (3g.40gb: 3 of an A100's 7 compute slices), its util from
+    GR_ENGINE_ACTIVE; the node's whole GPU 1 keeps GPU_UTIL although it reports GR_ENGINE_ACTIVE too."""
+    node = next(n for n in small.nodes if n.mig)
+    assert [(s.gpu, s.instance, s.profile) for s in node.mig] == [(0, 1, "3g.40gb"), (0, 2, "3g.40gb")]
+    got = ingested.query(
+        "SELECT gpu, gpu_instance, gpu_profile, gpu_share, util_basis, ts, pod, experiment, util, "
+        "gr_engine_active FROM gpu_samples WHERE node = ? ORDER BY gpu, gpu_instance, ts",
+        [node.name],
+    ).to_pandas()
+    assert not (got["gpu"] == 0).to_numpy()[got["gpu_instance"].isna().to_numpy()].any()
+    expected = truth.gpu_samples(small)
+    expected = expected[expected["node"] == node.name]
+    for (gpu, gi), rows in got.groupby(["gpu", got["gpu_instance"].fillna(-1).astype(int)]):
+        want = expected[(expected["gpu"] == gpu) & (expected["gpu_instance"].fillna(-1) == gi)]
+        assert list(rows["pod"]) == list(want["pod"]) and list(rows["ts"]) == list(want["ts"]), (gpu, gi)
+        if gi >= 0:
+            pods = {p.name for p in small.pods if (gpu, gi) in p.slices}
+            assert set(rows["pod"]) == pods | {""} and len(pods) == 1
+            assert set(rows["gpu_profile"]) == {"3g.40gb"} and (rows["gpu_share"] == 3 / 7).all()
+            assert set(rows["util_basis"]) == {"DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+            assert (rows["util"] == rows["gr_engine_active"]).all()
+        else:
+            assert set(rows["util_basis"]) == {"DCGM_FI_DEV_GPU_UTIL"} and (rows["gpu_share"] == 1).all()
+            assert (rows["util"] != rows["gr_engine_active"]).any()  # GR is 0.95 x util there
+    # two pods on one GPU at the same time, each on its own slice
+    both = got[(got["gpu"] == 0) & (got["pod"] != "")].groupby("ts")["pod"].nunique()
+    assert both.max() == 2
+
+
+def test_the_helm_chart_node_has_no_ecc_columns_and_every_core_column(small, ingested):
+    """The chart's counters list has no ECC fields: NULL there, not 0; util, memory and power are
+    reported by every GPU and slice (the core-columns check passes on the scenario, see below)."""
+    chart = next(n for n in small.nodes if n.exporter == "helm-chart")
+    (r,) = ingested.query(
+        "SELECT count(*) AS n, count(ecc_sbe_total) AS sbe, count(ecc_dbe_total) AS dbe, count(util) AS u, "
+        "count(mem_used_bytes) AS mem, count(power_watts) AS w FROM gpu_samples WHERE node = ?",
+        [chart.name],
+    ).to_pylist()
+    assert r["n"] > 0 and r["sbe"] == r["dbe"] == 0 and r["u"] == r["mem"] == r["w"] == r["n"]
 
 
 def test_stall_has_zero_active_seconds(small, ingested):
@@ -182,16 +250,30 @@ def test_node_samples(small, ingested):
 
 
 def test_gpu_hourly_rolls_up_the_samples(small, ingested):
-    hourly = _lake_df(ingested, "gpu_hourly", "hour, node, gpu")
-    expected = truth.gpu_samples(small)
+    hourly = _keyed(_lake_df(ingested, "gpu_hourly", "hour, node, gpu, gpu_instance"))
+    expected = _keyed(truth.gpu_samples(small))
     expected["hour"] = expected["ts"].dt.floor("h")
-    g = expected.groupby(["hour", "uuid"]).agg(util_mean=("util", "mean"), n=("util", "size")).reset_index()
-    m = g.merge(hourly, on=["hour", "uuid"], suffixes=("_t", ""))
+    g = (
+        expected.groupby(["hour", "uuid", "gpu_instance"])
+        .agg(util_mean=("util", "mean"), n=("util", "size"), share=("gpu_share", "first"))
+        .reset_index()
+    )
+    m = g.merge(hourly, on=["hour", "uuid", "gpu_instance"], suffixes=("_t", ""))
     assert len(m) == len(g) == len(hourly)
     assert (m["samples"] == m["n"]).all()
     np.testing.assert_allclose(m["util_mean"], m["util_mean_t"], atol=1e-9)
-    np.testing.assert_allclose(m["active_gpu_seconds"], m["util_mean_t"] * m["n"] * small.step_s, rtol=1e-9)
+    # GPU-seconds: a slice's activity counts for its share of the GPU
+    want = m["util_mean_t"] * m["n"] * small.step_s * m["share"]
+    np.testing.assert_allclose(m["active_gpu_seconds"], want, rtol=1e-9)
     assert ingested.partitions(GPU_HOURLY) == [DAY]
+    # a MIG GPU's energy counter is on each of its slices: split over them, it is counted once
+    (node,) = [n for n in small.nodes if n.mig]
+    mig = m[(m["node"] == node.name) & (m["gpu"] == 0)]
+    per_hour = mig.groupby("hour")["energy_kwh"].sum()
+    device = expected[(expected["node"] == node.name) & (expected["gpu_instance"] == 1)]  # either slice
+    last = device.groupby("hour")["energy_mj"].last()  # mJ; the first hour from its first sample
+    delta = last.diff().fillna(last.iloc[0] - device["energy_mj"].iloc[0])
+    np.testing.assert_allclose(per_hour.to_numpy(), delta.to_numpy() / 3.6e9, rtol=1e-9)
 
 
 def test_rematerializing_gives_identical_rows(small, ingested):

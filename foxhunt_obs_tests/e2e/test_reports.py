@@ -1,6 +1,7 @@
 """Utilization per dollar end to end: the `small` scenario in a real Prometheus, a real mlflow server and
 a real moto server; every asset materialized by real Dagster runs; the cost allocation checked against
-the scenario (the bill, the stall, the lost node, unheld GPUs) and the weekly report against the tables."""
+the scenario (the bill, the stall, the lost node, unheld GPUs, the MIG slices of ip-10-0-1-13) and the
+weekly report against the tables."""
 
 import os
 from datetime import date
@@ -11,7 +12,7 @@ import pytest
 from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import COST_ALLOCATION, COSTS_DAILY, OUTCOME_PER_DOLLAR, UTILIZATION_PER_DOLLAR
-from foxhunt_obs.sandbox import bills
+from foxhunt_obs.sandbox import bills, truth
 from foxhunt_obs.sandbox.mlflow_server import MlflowServer, copy_store
 from foxhunt_obs.sandbox.moto_server import MotoServer, sandbox_env, seed
 
@@ -102,6 +103,74 @@ def test_allocations_sum_to_the_bill(small, reported):
     # a p4de GPU-hour with a full hour of data costs 1/2 of the 2-GPU node's hour in the small scenario
     full = gpu[gpu.gpu_seconds == 3600]
     assert ((full.allocated_usd + full.unallocated_usd) - 27.44705 / 2).abs().max() < 1e-6
+
+
+def _unit(df):
+    """gpu_instance -1 on whole GPUs and no slice, hours in ns: the lake's rows and the truth's merge."""
+    return df.assign(
+        gpu_instance=df["gpu_instance"].astype("Float64").fillna(-1).astype(int),
+        hour=df["hour"].astype("datetime64[ns, UTC]"),
+    )
+
+
+def test_every_gpu_hour_and_slice_hour_is_charged_as_the_truth_says(small, reported):
+    """Every kind gpu row (a whole GPU or a MIG slice) and mig_unsliced row equals truth.gpu_allocations:
+    the node's CUR cost for the hour ÷ its GPUs × the slice's share, to the pod that held it, for the share
+    of the hour it held it."""
+    lake, _ = reported
+    alloc = _unit(_frame(lake, COST_ALLOCATION))
+    got = alloc[alloc.kind.isin(["gpu", "mig_unsliced"])]
+    want = _unit(truth.gpu_allocations(small))
+    key = ["hour", "node", "gpu", "gpu_instance", "kind"]
+    m = want.merge(got, on=key, suffixes=("_t", ""), how="outer", indicator=True)
+    assert (m["_merge"] == "both").all() and len(m) == len(got) == len(want)
+    for col in ("pod", "experiment", "gpu_profile"):
+        assert (m[col] == m[f"{col}_t"]).all(), col
+    for col in ("allocated_usd", "unallocated_usd", "gpu_share"):
+        assert m[col].to_numpy() == pytest.approx(m[f"{col}_t"].to_numpy(), rel=1e-9, abs=1e-12), col
+
+
+def test_mig_slices_are_charged_their_share_of_the_gpu(small, reported):
+    """ip-10-0-1-13's GPU 0: two 3g.40gb slices, each 3 of the A100's 7 compute slices. A GPU-hour costs
+    $27.44705 / 2 (the 2-GPU node's p4de hour), so a slice-hour 13.723525 × 3/7 = $5.8815107; the 1/7 no
+    slice covers ($1.9605036 an hour) is cluster idle."""
+    lake, _ = reported
+    alloc = _frame(lake, COST_ALLOCATION)
+    gpu_hour = 27.44705 / 2
+    slice_hour = gpu_hour * 3 / 7
+    mig = alloc[(alloc.node == "ip-10-0-1-13") & (alloc.gpu == 0)]
+    slices = mig[mig.kind == "gpu"]
+    assert sorted(slices.gpu_instance.unique()) == [1, 2] and set(slices.gpu_profile) == {"3g.40gb"}
+    assert (slices.allocated_usd + slices.unallocated_usd).to_numpy() == pytest.approx([slice_hour] * 12)
+    # each slice's holder pays 3/7 of the GPU-hour for each hour it held the slice (half of it for the
+    # half hours at 00:30 and 05:30), the rest of the slice-hour is cluster idle
+    held = slices[slices.pod != ""]
+    assert {(r.gpu_instance, r.pod, r.experiment) for r in held.itertuples()} == {
+        (1, "ppo-humanoid-mig-0", "ppo-humanoid"),
+        (2, "dqn-atari-mig-0", "dqn-atari"),
+    }
+    by_hour = {(int(r.gpu_instance), r.hour.hour): r.allocated_usd for r in slices.itertuples()}
+    want = {(1, h): slice_hour * (0.5 if h in (0, 5) else 1) for h in range(6)}
+    want |= {(2, h): slice_hour * (1 if 1 <= h < 4 else 0) for h in range(6)}
+    assert by_hour == pytest.approx(want, rel=1e-9)
+    per_pod = held.groupby("pod").allocated_usd.sum()
+    assert per_pod["ppo-humanoid-mig-0"] == pytest.approx(5 * slice_hour)  # 4 hours + 2 halves
+    assert per_pod["dqn-atari-mig-0"] == pytest.approx(3 * slice_hour)
+    assert slice_hour == pytest.approx(5.88151071428571)
+    # what no slice covers: 1/7 of the GPU every hour, unallocated
+    unsliced = mig[mig.kind == "mig_unsliced"]
+    assert len(unsliced) == 6 and set(unsliced.gpu_profile) == {"unsliced"}
+    assert unsliced.gpu_share.to_numpy() == pytest.approx([1 / 7] * 6)
+    assert (unsliced.allocated_usd == 0).all() and (unsliced.pod == "").all()
+    assert unsliced.unallocated_usd.to_numpy() == pytest.approx([gpu_hour / 7] * 6)
+    assert gpu_hour / 7 == pytest.approx(1.96050357142857)
+    # the node's whole GPU 1: dqn-atari-learner-2 02:00-05:00, a full GPU-hour each
+    whole = alloc[(alloc.kind == "gpu") & (alloc.node == "ip-10-0-1-13") & (alloc.gpu == 1)]
+    assert whole.gpu_instance.isna().all() and (whole.gpu_share == 1).all()
+    assert set(whole[whole.pod != ""].pod) == {"dqn-atari-learner-2"}
+    assert whole.allocated_usd.sum() == pytest.approx(3 * gpu_hour)
+    # no exporter pod is charged anything
+    assert not set(alloc.pod) & {"dcgm-exporter", "exporter"} and not alloc.pod.str.contains("exporter").any()
 
 
 def test_the_stall_is_charged_to_its_experiment_as_idle(reported):

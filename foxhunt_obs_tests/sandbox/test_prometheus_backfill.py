@@ -94,38 +94,64 @@ def test_failed_promtool_raises_and_caches_nothing(small, tmp_path, monkeypatch)
 
 
 def test_gpu_count_follows_the_lost_node(server):
-    assert instant(server.url, "count(DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=1))[0]["value"][1] == "4"
+    # 2 + 2 whole GPUs, and ip-10-0-1-13's GPU 1 (its GPU 0 is in MIG mode: no GPU_UTIL on its slices)
+    assert instant(server.url, "count(DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=1))[0]["value"][1] == "5"
+    # GR_ENGINE_ACTIVE on all 7 units, slices included (01:30: no holder changed in the last 5 minutes,
+    # whose samples a backfilled series without staleness markers would still repeat)
+    gr = instant(server.url, "count(DCGM_FI_PROF_GR_ENGINE_ACTIVE)", T0 + timedelta(hours=1, minutes=30))
+    assert gr[0]["value"][1] == "7"
     # 04:00: ip-10-0-1-12 has been silent for an hour (lost 03:00-05:00)
-    (r,) = instant(server.url, "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=4))
-    assert r["metric"] == {"Hostname": "ip-10-0-1-11"} and r["value"][1] == "2"
+    got = instant(server.url, "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=4))
+    assert {r["metric"]["Hostname"]: r["value"][1] for r in got} == {"ip-10-0-1-11": "2", "ip-10-0-1-13": "1"}
     up = instant(server.url, 'up{job="dcgm-exporter"}', T0 + timedelta(hours=4))
     assert {r["metric"]["instance"]: r["value"][1] for r in up} == {
         "ip-10-0-1-11:9400": "1",
         "ip-10-0-1-12:9400": "0",
+        "ip-10-0-1-13:9400": "1",
     }
+    # each target's up carries its exporter pod: the GPU Operator's, and the Helm chart's (container exporter)
+    pods = {r["metric"]["instance"]: (r["metric"]["pod"], r["metric"]["container"]) for r in up}
+    assert (
+        pods["ip-10-0-1-13:9400"][1] == "exporter" and pods["ip-10-0-1-11:9400"][1] == "nvidia-dcgm-exporter"
+    )
 
 
 @pytest.mark.parametrize(
-    "metric, column, node, gpu, hour",
+    "metric, column, node, gpu, hour, gi",
     [
-        ("DCGM_FI_DEV_GPU_UTIL", "util_pct", "ip-10-0-1-11", 0, 0),  # pod arrives at 00:30: labels change
-        ("DCGM_FI_DEV_GPU_UTIL", "util_pct", "ip-10-0-1-11", 1, 2),  # the stall 02:00-02:40
-        ("DCGM_FI_DEV_GPU_UTIL", "util_pct", "ip-10-0-1-12", 0, 2.5),  # pod ends 02:45, node lost 03:00
-        ("DCGM_FI_DEV_POWER_USAGE", "power_w", "ip-10-0-1-11", 0, 1),
-        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_mj", "ip-10-0-1-12", 1, 4.5),  # node back at 05:00
-        ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_sbe", "ip-10-0-1-11", 0, 1),
+        (
+            "DCGM_FI_DEV_GPU_UTIL",
+            "util_pct",
+            "ip-10-0-1-11",
+            0,
+            0,
+            None,
+        ),  # pod arrives at 00:30: labels change
+        ("DCGM_FI_DEV_GPU_UTIL", "util_pct", "ip-10-0-1-11", 1, 2, None),  # the stall 02:00-02:40
+        ("DCGM_FI_DEV_GPU_UTIL", "util_pct", "ip-10-0-1-12", 0, 2.5, None),  # pod ends 02:45, node lost 03:00
+        ("DCGM_FI_DEV_POWER_USAGE", "power_w", "ip-10-0-1-11", 0, 1, None),
+        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_mj", "ip-10-0-1-12", 1, 4.5, None),  # back at 05:00
+        ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_sbe", "ip-10-0-1-11", 0, 1, None),
+        # MIG slices of ip-10-0-1-13 GPU 0: pods arrive at 00:30 (slice 1) and 01:00 (slice 2)
+        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_active", "ip-10-0-1-13", 0, 0.25, 1),
+        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_active", "ip-10-0-1-13", 0, 0.5, 2),
+        ("DCGM_FI_DEV_FB_USED", "fb_used_mib", "ip-10-0-1-13", 0, 3.5, 2),  # its pod ends at 04:00
+        ("DCGM_FI_DEV_POWER_USAGE", "power_w", "ip-10-0-1-13", 0, 1, 1),  # the GPU's, on each slice
+        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_active", "ip-10-0-1-13", 1, 1.5, None),  # a whole GPU's
     ],
 )
-def test_range_query_returns_the_truth(server, small, metric, column, node, gpu, hour):
+def test_range_query_returns_the_truth(server, small, metric, column, node, gpu, hour, gi):
     gpus = truth.gpu_samples(small)
     uuid = truth.gpu_uuid(small, node, gpu)
     start = T0 + timedelta(hours=hour)
     end = start + timedelta(hours=1)
-    want = gpus[(gpus["uuid"] == uuid) & gpus["ts"].between(start, end)]
+    unit = gpus["gpu_instance"].isna() if gi is None else gpus["gpu_instance"] == gi
+    want = gpus[(gpus["uuid"] == uuid) & unit.fillna(False) & gpus["ts"].between(start, end)]
+    selector = f'UUID="{uuid}"' + (f',GPU_I_ID="{gi}"' if gi is not None else "")
     result = api(
         server.url,
         "query_range",
-        query=f'{metric}{{UUID="{uuid}"}}',
+        query=f"{metric}{{{selector}}}",
         start=start.timestamp(),
         end=end.timestamp(),
         step=15,
@@ -141,6 +167,53 @@ def test_range_query_returns_the_truth(server, small, metric, column, node, gpu,
                 assert float(value) == expected[ts], (series["metric"], ts)
                 matched += 1
     assert matched == len(want) > 0
+
+
+def test_recording_rules_read_each_other_as_a_live_prometheus_does(server, small):
+    """foxhunt:gpu_util:ratio takes GR_ENGINE_ACTIVE's record where a MIG slice has no GPU_UTIL, and
+    foxhunt:gpu_mem_total:bytes sums the memory records: backfilled with those references inlined
+    (promtool's rule backfill alone cannot see one rule's output from another). The Helm chart's
+    exporter pod holds nothing; each slice is a series of its own with its pod."""
+    at = T0 + timedelta(hours=1, minutes=30)
+    gpus = truth.gpu_samples(small)
+    near = gpus[(gpus["node"] == "ip-10-0-1-13") & gpus["ts"].between(at - timedelta(seconds=15), at)]
+
+    def by_unit(query):
+        return {
+            (r["metric"]["gpu"], r["metric"].get("gpu_instance", ""), r["metric"].get("pod", "")): float(
+                r["value"][1]
+            )
+            for r in instant(server.url, query, at)
+        }
+
+    util = by_unit('foxhunt:gpu_util:ratio{node="ip-10-0-1-13"}')
+    assert set(util) == {("0", "1", "ppo-humanoid-mig-0"), ("0", "2", "dqn-atari-mig-0"), ("1", "", "")}
+    gr = by_unit('foxhunt:gpu_gr_engine_active:ratio{node="ip-10-0-1-13"}')
+    for key, value in util.items():
+        gpu, gi, _ = key
+        unit = near[(near["gpu"] == int(gpu)) & (near["gpu_instance"].fillna(-1) == (int(gi) if gi else -1))]
+        assert value in set(unit["util"]), key  # the truth's (promtool stamps a rule's value a step late)
+        if gi:  # a slice: util is GR_ENGINE_ACTIVE's record, exactly
+            assert value == gr[key]
+        else:  # a whole GPU keeps GPU_UTIL (GR_ENGINE_ACTIVE is 0.95 x it there)
+            assert gr[key] == pytest.approx(0.95 * value, abs=1e-4)
+    total = instant(server.url, 'foxhunt:gpu_mem_total:bytes{node="ip-10-0-1-13"}', at)
+    assert sorted(float(r["value"][1]) for r in total) == [40960 * 2**20] * 2 + [81920 * 2**20]
+
+
+def test_inline_records_leaves_no_record_reference(tmp_path):
+    doc = prometheus.inline_records(RECORDING_RULES)
+    records = [r["record"] for g in doc["groups"] for r in g["rules"]]
+    assert len(records) == RECORDING_RULE_COUNT
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            assert not any(f"{other}" in r["expr"] for other in records), r["record"]
+    bad = tmp_path / "rules.yaml"
+    bad.write_text(
+        "groups: [{name: g, rules: [{record: 'a:b', expr: up}, {record: 'c:d', expr: 'a:b{x=\"1\"}'}]}]"
+    )
+    with pytest.raises(SandboxError, match="c:d reads a:b with matchers or a range"):
+        prometheus.inline_records(bad)
 
 
 def test_cpu_rate_recovers_cpu_busy(server, small):
@@ -159,7 +232,8 @@ def test_cpu_rate_recovers_cpu_busy(server, small):
 
 def test_kube_labels(server, small):
     at = T0 + timedelta(hours=5, minutes=30)
-    pods = instant(server.url, "kube_pod_labels", at)
+    # last_over_time over one step: backfilled series have no staleness markers (a pod ends at 05:30)
+    pods = instant(server.url, "last_over_time(kube_pod_labels[14s])", at)
     assert {
         (r["metric"]["namespace"], r["metric"]["pod"], r["metric"]["label_experiment"]) for r in pods
     } == {t for t, p in zip(truth.pod_labels(small), small.pods) if p.start <= at < p.end}
@@ -180,12 +254,17 @@ def test_kube_node_info_follows_the_instance(server, small):
         assert all(r["value"][1] == "1" for r in rows)
         return {r["metric"]["node"]: r["metric"]["provider_id"] for r in rows}
 
+    (third,) = [i.instance_id for i in bills.instances(small) if i.node == "ip-10-0-1-13"]
     before = info(T0 + timedelta(hours=2, minutes=59, seconds=45))
     assert before == {
         "ip-10-0-1-11": f"aws:///us-east-1a/{other}",
         "ip-10-0-1-12": f"aws:///us-east-1a/{old}",
+        "ip-10-0-1-13": f"aws:///us-east-1a/{third}",
     }
-    assert info(T0 + timedelta(hours=3)) == {"ip-10-0-1-11": f"aws:///us-east-1a/{other}"}
+    assert info(T0 + timedelta(hours=3)) == {
+        "ip-10-0-1-11": f"aws:///us-east-1a/{other}",
+        "ip-10-0-1-13": f"aws:///us-east-1a/{third}",
+    }
     assert info(T0 + timedelta(hours=5))["ip-10-0-1-12"] == f"aws:///us-east-1a/{new}"
     (r, *_) = instant(server.url, 'kube_node_info{node="ip-10-0-1-12"}', T0 + timedelta(hours=1))
     assert r["metric"]["internal_ip"] == "10.0.1.12" and r["metric"]["job"] == "kube-state-metrics"
@@ -220,7 +299,7 @@ def test_up_status_down(cache, tmp_path):
         assert info["scenario"] == "small" and info["start"] == "2026-11-16T00:00:00+00:00"
         assert prometheus.status(state) == info
         assert (
-            instant(info["url"], "count(DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=1))[0]["value"][1] == "4"
+            instant(info["url"], "count(DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=1))[0]["value"][1] == "5"
         )
     finally:
         prometheus.down(state)
