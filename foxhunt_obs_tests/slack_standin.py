@@ -15,6 +15,8 @@ class SlackStandIn:
     def __init__(self):
         self.requests: list[dict] = []
         self.rate_limit_next = 0  # answer this many calls with HTTP 429 first
+        self.fail_posts: set[int] = set()  # chat.postMessage calls (1, 2, ...) answered ok: false
+        self.posts = 0
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,7 +33,11 @@ class SlackStandIn:
                 stand_in.requests.append(
                     {"path": path, "headers": dict(self.headers), "params": params, "body": body}
                 )
-                if stand_in.rate_limit_next:
+                if path == "/api/chat.postMessage":
+                    stand_in.posts += 1
+                if path == "/api/chat.postMessage" and stand_in.posts in stand_in.fail_posts:
+                    self._answer({"ok": False, "error": "internal_error"})
+                elif stand_in.rate_limit_next:
                     stand_in.rate_limit_next -= 1
                     self._answer({"ok": False, "error": "ratelimited"}, status=429, retry_after="0")
                 else:

@@ -66,7 +66,7 @@ def test_the_shipped_templates_name_only_known_values():
 
 def test_thresholds_are_substituted_into_promql():
     rules = by_id(load_rules())
-    assert rules["gpu_overheat"].expr() == "foxhunt:gpu_temp:celsius > 85"
+    assert rules["gpu_overheat"].expr() == "max by (node, gpu, uuid, model) (foxhunt:gpu_temp:celsius) > 85"
     oom = rules["gpu_oom_restarts"].expr()
     assert "[15m]" in oom and ">= 1\n" in oom  # integral thresholds without ".0"
     assert "< 0.7" in rules["gpu_underutilized"].expr()
@@ -133,7 +133,7 @@ def test_overrides_change_thresholds_for_severity_and_enabled(tmp_path):
 def test_overrides_come_from_the_environment(tmp_path, monkeypatch):
     path = write(tmp_path, "o.yaml", "rules:\n  gpu_overheat: {thresholds: {temp_max_celsius: 80}}\n")
     monkeypatch.setenv("FOXHUNT_ALERT_RULES", path)
-    assert by_id(load_rules())["gpu_overheat"].expr() == "foxhunt:gpu_temp:celsius > 80"
+    assert by_id(load_rules())["gpu_overheat"].expr() == "max by (node, gpu, uuid, model) (foxhunt:gpu_temp:celsius) > 80"
     # an explicit empty overrides argument means none, whatever the environment says
     assert by_id(load_rules(overrides=""))["gpu_overheat"].thresholds["temp_max_celsius"] == 85
     monkeypatch.setenv("FOXHUNT_ALERT_RULES", "")

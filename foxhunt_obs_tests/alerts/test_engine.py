@@ -128,3 +128,108 @@ def test_a_tick_past_its_budget_leaves_the_other_sinks_for_the_next_tick(tmp_pat
         assert report.failed == {} and [n.rule for n in report.sent] == ["gpu_overheat"]
         assert [a["labels"]["alertname"] for a in am.alerts(active=True)] == ["gpu_overheat"]
         assert len(received) == 1 and json.loads(cursor)["took"] == {}
+
+
+def test_slack_taking_some_messages_of_a_batch_is_never_sent_them_again():
+    """Issue 13 §2: Slack posts one message per transition; when the second of two fails, the first is
+    recorded as taken, so the next tick posts only the second (2 messages for 2 alerts, not 3)."""
+    from foxhunt_obs.lib.delivery.alert_sinks import SlackAlertSink
+    from foxhunt_obs.lib.delivery.slack_client import slack_web_client
+    from foxhunt_obs_tests.slack_standin import SlackStandIn
+
+    rules = load_rules(overrides="")
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    hot = [
+        Finding(
+            "gpu_overheat",
+            {"node": "ip-1", "gpu": g, "uuid": f"GPU-{g}"},
+            91.0,
+            now - timedelta(minutes=6),
+            {},
+        )
+        for g in ("1", "2")
+    ]
+    state, _ = alert_state.step(alert_state.loads(None), {"gpu_overheat"}, hot, now, rules=rules)
+    cursor = alert_state.dumps(state)
+    slack = SlackStandIn()
+    try:
+        slack.fail_posts = {2}
+        sink = SlackAlertSink("#gpu-costs", slack_web_client("xoxb-test-token", slack.url + "/api/"))
+        cursor, report = tick(rules, Sources(), [sink], cursor, now)
+        assert set(report.failed) == {"slack"} and "posted 1 of 2" in report.failed["slack"]
+        assert len(report.sent) == 1  # the one Slack took is done (Slack is the only sink here)
+        cursor, report = tick(rules, Sources(), [sink], cursor, now + timedelta(minutes=1))
+        assert report.failed == {} and len(report.sent) == 1
+        texts = [r["params"]["text"] for r in slack.requests if r["path"] == "/api/chat.postMessage"]
+        assert len(texts) == 3  # 1 taken + 1 refused, then only the refused one again
+        assert texts[1] == texts[2] and texts[0] != texts[1]
+        assert json.loads(cursor)["took"] == {}
+    finally:
+        slack.close()
+
+
+@contextmanager
+def _refusing_webhook():
+    """A webhook that answers 500 to everything, for good."""
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{hook.server_port}/hook"
+    finally:
+        hook.shutdown()
+        hook.server_close()
+
+
+def test_alertmanager_refresh_does_not_wait_for_a_sink_that_refuses(tmp_path):
+    """Issue 13 §2: a webhook that refuses for good must not let Alertmanager expire a live alert."""
+    rules = load_rules(overrides="")
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    cursor = _unnotified_cursor(rules, now)
+    with _refusing_webhook() as url, AlertmanagerServer(workdir=tmp_path) as am:
+        sinks = [
+            AlertmanagerSink(am.url, firing_ttl=timedelta(seconds=2)),
+            WebhookSink(url, "s3cret", retries=1),
+        ]
+        cursor, report = tick(rules, Sources(), sinks, cursor, now)
+        assert set(report.failed) == {"webhook"} and report.refreshed == 0
+        time.sleep(3)  # past the 2 s endsAt
+        assert am.alerts(active=True) == []
+        cursor, report = tick(rules, Sources(), sinks, cursor, now + timedelta(minutes=1))
+        assert set(report.failed) == {"webhook"} and report.refreshed == 1
+        assert [a["labels"]["alertname"] for a in am.alerts(active=True)] == ["gpu_overheat"]
+
+
+def test_a_transition_refused_for_days_is_dropped_loudly(tmp_path):
+    """The cursor's pending list is bounded: after PENDING_MAX the transition leaves it, the tick's report
+    says so, and the alerts table records it with the sinks that took it and 'dropped'."""
+    from foxhunt_obs.lib.alerts.engine import PENDING_MAX
+    from foxhunt_obs.lib.delivery.alert_sinks import LakeAlertSink
+    from foxhunt_obs.lib.lake import Lake
+
+    rules = load_rules(overrides="")
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    cursor = _unnotified_cursor(rules, now)
+    lake = Lake(str(tmp_path / "lake"))
+    with _refusing_webhook() as url:
+        sinks = [LakeAlertSink(lake), WebhookSink(url, "s3cret", retries=1)]
+        cursor, report = tick(rules, Sources(), sinks, cursor, now)
+        assert list(json.loads(cursor)["took"].values()) == [["lake"]] and not report.dropped
+        cursor, report = tick(rules, Sources(), sinks, cursor, now + PENDING_MAX - timedelta(minutes=1))
+        assert not report.dropped and json.loads(cursor)["took"]
+        cursor, report = tick(rules, Sources(), sinks, cursor, now + PENDING_MAX + timedelta(minutes=1))
+        assert len(report.dropped) == 1 and "refused by webhook since" in report.dropped[0]
+        assert json.loads(cursor)["took"] == {} and json.loads(cursor)["pending_since"] == {}
+    # one row per transition: the drop replaced the first tick's record of it
+    rows = lake.query("SELECT rule, status, sent_to FROM alerts").to_pylist()
+    assert rows == [{"rule": "gpu_overheat", "status": "firing", "sent_to": "lake,dropped"}]

@@ -70,7 +70,7 @@ def test_export_follows_overrides(tmp_path, monkeypatch):
     rules = {r["alert"]: r for r in alerting_rules()["groups"][0]["rules"]}
     assert "idle_spend" not in rules
     hot = rules["gpu_overheat"]
-    assert hot["expr"] == "foxhunt:gpu_temp:celsius > 90.5"
+    assert hot["expr"] == "max by (node, gpu, uuid, model) (foxhunt:gpu_temp:celsius) > 90.5"
     assert (hot["for"], hot["labels"]["severity"]) == ("2m", "critical")
     assert "above 90.5 °C" in hot["annotations"]["description"]
 
@@ -219,7 +219,8 @@ CASES: dict[str, list[dict]] = {
             ],
             "alert_rule_test": [
                 quiet("gpu_row_remap_failure", "5m"),
-                fires("gpu_row_remap_failure", "6m", gpu_labels(0, "ip-1"), 1.0),
+                # one evaluation later than the failure: the recording rule's group may run after this one
+                fires("gpu_row_remap_failure", "8m", gpu_labels(0, "ip-1"), 1.0),
             ],
         },
     ],
@@ -241,11 +242,32 @@ CASES: dict[str, list[dict]] = {
                 {"series": dcgm("DCGM_FI_DEV_GPU_TEMP", 0, "ip-1"), "values": "70x5 91x15"},
                 {"series": dcgm("DCGM_FI_DEV_GPU_TEMP", 1, "ip-1"), "values": "70x5 95x3 70x11"},  # 4 min hot
                 {"series": dcgm("DCGM_FI_DEV_GPU_TEMP", 2, "ip-1"), "values": "85x20"},  # at, not above
+                # a MIG GPU: each slice repeats the GPU's temperature (one held, one not): ONE alert
+                *(
+                    {
+                        "series": dcgm("DCGM_FI_DEV_GPU_TEMP", 0, "ip-2", pod=pod)[:-1]
+                        + f',GPU_I_ID="{gi}",GPU_I_PROFILE="3g.40gb"}}',
+                        "values": "70x5 91x15",
+                    }
+                    for gi, pod in ((1, "trainer-0"), (2, None))
+                ),
             ],
             "alert_rule_test": [
                 quiet("gpu_overheat", "10m"),
-                fires("gpu_overheat", "12m", gpu_labels(0, "ip-1"), 91.0),
-                fires("gpu_overheat", "20m", gpu_labels(0, "ip-1"), 91.0),
+                {
+                    **fires("gpu_overheat", "12m", gpu_labels(0, "ip-1"), 91.0),
+                    "exp_alerts": [
+                        fires("gpu_overheat", "12m", gpu_labels(0, "ip-1"), 91.0)["exp_alerts"][0],
+                        fires("gpu_overheat", "12m", gpu_labels(0, "ip-2"), 91.0)["exp_alerts"][0],
+                    ],
+                },
+                {
+                    **fires("gpu_overheat", "20m", gpu_labels(0, "ip-1"), 91.0),
+                    "exp_alerts": [
+                        fires("gpu_overheat", "20m", gpu_labels(0, "ip-1"), 91.0)["exp_alerts"][0],
+                        fires("gpu_overheat", "20m", gpu_labels(0, "ip-2"), 91.0)["exp_alerts"][0],
+                    ],
+                },
             ],
         },
     ],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
@@ -44,26 +45,52 @@ class Evaluation:
     errors: dict[str, str] = field(default_factory=dict)  # source -> what went wrong
 
 
-def collect(rules: list[Rule], sources: Sources, now: datetime) -> Evaluation:
-    out = Evaluation()
+def collect(
+    rules: list[Rule], sources: Sources, now: datetime, deadline_s: float | None = None
+) -> Evaluation:
+    """Every source's rules, the sources read side by side. With `deadline_s`, a source that has not
+    answered by then is "not evaluated" (its alerts keep their state) and the others' findings stand: a
+    hanging MLflow must not hold back a GPU that overheats. The late source's thread is left to finish
+    (every client has its own total timeout) and its result is ignored."""
     enabled = [r for r in rules if r.enabled]
-    readers: dict[str, Callable[[list[Rule]], None]] = {
-        "prometheus": lambda rs: _prometheus(rs, sources, now, out),
-        "mlflow": lambda rs: _frame_rules(rs, _mlflow_frame(sources, now), now, out),
-        "cloudwatch": lambda rs: _frame_rules(rs, _fsx_frame(sources, now), now, out),
-        "lake": lambda rs: _lake_rules(rs, sources, now, out),
+    readers: dict[str, Callable[[list[Rule], Evaluation], None]] = {
+        "prometheus": lambda rs, ev: _prometheus(rs, sources, now, ev),
+        "mlflow": lambda rs, ev: _frame_rules(rs, _mlflow_frame(sources, now), now, ev),
+        "cloudwatch": lambda rs, ev: _frame_rules(rs, _fsx_frame(sources, now), now, ev),
+        "lake": lambda rs, ev: _lake_rules(rs, sources, now, ev),
     }
+    work = {}
     for source, read in readers.items():
         mine = [r for r in enabled if r.source == source]
-        if not mine:
+        if mine and getattr(sources, "fsx" if source == "cloudwatch" else source) is not None:
+            work[source] = (read, mine)
+    out = Evaluation()
+    if not work:
+        return out
+    pool = ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="alert-source")
+    futures = {source: pool.submit(_read, read, mine) for source, (read, mine) in work.items()}
+    wait(futures.values(), timeout=deadline_s)
+    pool.shutdown(wait=False)  # a late source's thread finishes on its own
+    for source, future in futures.items():
+        if not future.done():
+            out.errors[source] = f"no answer within the tick's {deadline_s:g} s for reading sources"
             continue
-        if getattr(sources, "fsx" if source == "cloudwatch" else source) is None:
-            continue
-        try:
-            read(mine)
-        except Exception as e:  # noqa: BLE001 - a source down must not stop the others
-            out.errors[source] = f"{type(e).__name__}: {e}"
+        part, error = future.result()
+        if error:
+            out.errors[source] = error
+        else:
+            out.evaluated |= part.evaluated
+            out.findings += part.findings
     return out
+
+
+def _read(read, rules: list[Rule]) -> tuple[Evaluation, str]:
+    part = Evaluation()
+    try:
+        read(rules, part)
+    except Exception as e:  # noqa: BLE001 - a source down must not stop the others
+        return part, f"{type(e).__name__}: {e}"
+    return part, ""
 
 
 # Values a summary names that are no label of the rule's result; the exported Prometheus rules compute

@@ -5,6 +5,8 @@ and the scenario replay both call `tick`."""
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -13,7 +15,9 @@ from urllib.parse import quote
 from foxhunt_obs.lib.alerts import state as alert_state
 from foxhunt_obs.lib.alerts.catalog import Rule
 from foxhunt_obs.lib.alerts.collect import Sources, collect
-from foxhunt_obs.lib.delivery.alert_sinks import LakeAlertSink, Notification, deliver_all
+from foxhunt_obs.lib.delivery.alert_sinks import AlertSinkError, LakeAlertSink, Notification
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -25,6 +29,7 @@ class TickReport:
     source_errors: dict[str, str] = field(default_factory=dict)
     note: str = ""  # a cursor that could not be read
     refreshed: int = 0  # firing alerts re-posted to Alertmanager
+    dropped: list[str] = field(default_factory=list)  # transitions a sink refused for PENDING_MAX
 
 
 def notification(rule: Rule, t: alert_state.Transition, dagster_url: str) -> Notification:
@@ -48,17 +53,22 @@ def _key(n: Notification) -> str:
     return f"{n.status}|{n.fingerprint}|{n.starts_at.isoformat()}"
 
 
-def _load(cursor: str | None) -> tuple[str | None, dict[str, list[str]]]:
+PENDING_MAX = timedelta(days=3)  # a transition some sink has refused this long is dropped, loudly
+
+
+def _load(cursor: str | None) -> tuple[str | None, dict[str, list[str]], dict[str, str]]:
     """The engine's cursor: the alert state plus, per transition not yet taken by every sink, the sinks
-    that took it. A bare state cursor (the first version) reads as one with nothing pending."""
+    that took it and since when it is pending. A bare state cursor (the first version) reads as one with
+    nothing pending."""
     if cursor:
         try:
             doc = json.loads(cursor)
         except ValueError:
-            return cursor, {}
+            return cursor, {}, {}
         if isinstance(doc, dict) and "state" in doc:
-            return doc["state"], {k: list(v) for k, v in (doc.get("took") or {}).items()}
-    return cursor, {}
+            took = {k: list(v) for k, v in (doc.get("took") or {}).items()}
+            return doc["state"], took, dict(doc.get("pending_since") or {})
+    return cursor, {}, {}
 
 
 def tick(
@@ -69,17 +79,22 @@ def tick(
     now: datetime,
     dagster_url: str = "http://127.0.0.1:3000",
     budget_s: float | None = None,
+    source_budget_s: float | None = None,
+    sink_budget_s: float | None = None,
 ) -> tuple[str, TickReport]:
     """Returns the new cursor and what happened. Each sink gets each transition until it accepts it,
     and then never again; a transition leaves the cursor once every sink took it (a sink that is down
-    gets it on a later tick, the others are not sent it twice). With `budget_s`, a sink not yet tried
-    when the tick has run that long is left for the next tick: the cursor must be returned (and saved)
-    before the caller's own deadline, or sinks that took a transition would be sent it again."""
+    gets it on a later tick, the others are not sent it twice).
+
+    Deadlines, so the tick returns (and its cursor is saved) before the caller's own: the sources are
+    read side by side for at most `source_budget_s` (a late one is not evaluated); a sink not yet tried
+    `budget_s` after the tick started is left for the next tick; one sink's delivery is given up after
+    `sink_budget_s` (it gets the transitions again next tick)."""
     started = time.monotonic()
-    state_cursor, took = _load(cursor)
+    state_cursor, took, pending_since = _load(cursor)
     state = alert_state.loads(state_cursor)
     report = TickReport(note=state.note or "")
-    evaluation = collect(rules, sources, now)
+    evaluation = collect(rules, sources, now, deadline_s=source_budget_s)
     report.evaluated, report.findings, report.source_errors = (
         evaluation.evaluated,
         len(evaluation.findings),
@@ -91,6 +106,7 @@ def tick(
     keys = [_key(n) for n in notes]
     took = {k: took.get(k, []) for k in keys}  # transitions gone from the state are forgotten
     names = [sink.name for sink in sinks]
+    posted_now: set[tuple[str, str]] = set()  # (sink, fingerprint) taken during this tick
 
     def out_of_time() -> bool:
         return budget_s is not None and time.monotonic() - started > budget_s
@@ -104,41 +120,89 @@ def tick(
             continue
         if isinstance(sink, LakeAlertSink):  # the table records where each transition went
             sent_to = sorted({name for n in todo for name in took[_key(n)]} - {sink.name})
-            error = _send(lambda sink=sink, todo=todo, sent_to=sent_to: sink.send(todo, sent_to=sent_to))
+            error, accepted = _send(
+                lambda sink=sink, todo=todo, sent_to=sent_to: sink.send(todo, sent_to=sent_to), sink_budget_s
+            )
         else:
-            error = deliver_all([sink], todo)[sink.name]
+            error, accepted = _send(lambda sink=sink, todo=todo: sink.send(todo), sink_budget_s)
+        # a sink that posts one message per notification (Slack) may take some before it fails: those
+        # are recorded as taken, so the next tick does not post them again
+        for n in todo[: len(todo) if error is None else accepted]:
+            took[_key(n)].append(sink.name)
+            posted_now.add((sink.name, n.fingerprint))
         if error:
             report.failed[sink.name] = error
-            continue
-        for n in todo:
-            took[_key(n)].append(sink.name)
+    # A transition some sink has refused for PENDING_MAX is dropped: the cursor stays bounded, and the
+    # tick's report (the sensor logs it as an error) and the alerts table say so.
+    since = {k: pending_since.get(k, now.isoformat()) for k in keys if not set(names) <= set(took[k])}
+    dropped = set()
+    for n, k in zip(notes, keys):
+        if k in since and now - datetime.fromisoformat(since[k]) > PENDING_MAX:
+            refused = ", ".join(sorted(set(names) - set(took[k])))
+            report.dropped.append(f"{n.status} {n.rule} ({n.summary}): refused by {refused} since {since[k]}")
+            for sink in sinks:
+                if isinstance(
+                    sink, LakeAlertSink
+                ):  # a row of its own: where it went, and that it was dropped
+                    _send(lambda sink=sink, n=n, k=k: sink.send([n], sent_to=[*took[k], "dropped"]))
+            took[k] = list(names)
+            dropped.add(k)
+            since.pop(k)
     done = [t for t, k in zip(transitions, keys) if set(names) <= set(took[k])]
     state = alert_state.acknowledge(state, done)
-    report.sent = [n for n, k in zip(notes, keys) if set(names) <= set(took[k])]
-    if not out_of_time():
-        report.refreshed = _refresh_alertmanager(sinks, state, by_id, report.sent, dagster_url)
+    report.sent = [n for n, k in zip(notes, keys) if set(names) <= set(took[k]) and k not in dropped]
     pending = {k: v for k, v in took.items() if not set(names) <= set(v)}
-    return json.dumps({"state": alert_state.dumps(state), "took": pending}, separators=(",", ":")), report
+    if not out_of_time():
+        report.refreshed = _refresh_alertmanager(
+            sinks, state, by_id, took, posted_now, dagster_url, sink_budget_s
+        )
+    cursor_doc = {"state": alert_state.dumps(state), "took": pending, "pending_since": since}
+    return json.dumps(cursor_doc, separators=(",", ":")), report
 
 
-def _send(fn) -> str | None:
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - one sink's failure must not stop the others
-        return f"{type(exc).__name__}: {exc}"
-    return None
+def _send(fn, timeout_s: float | None = None) -> tuple[str | None, int]:
+    """(error or None, how many notifications from the first the sink took before its error). With
+    `timeout_s`, the delivery runs in a thread of its own and is given up after that long, whatever the
+    sink's socket timeouts do (a webhook dripping one byte every 2 s never trips a read timeout)."""
+    result: list[tuple[str | None, int]] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except AlertSinkError as exc:
+            log.warning("alerts: %s", exc)
+            result.append((str(exc), exc.accepted))
+        except Exception as exc:  # noqa: BLE001 - one sink's failure must not stop the others
+            result.append((f"{type(exc).__name__}: {exc}", 0))
+        else:
+            result.append((None, 0))
+
+    if timeout_s is None:
+        run()
+        return result[0]
+    worker = threading.Thread(target=run, name="alert-sink", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not result:  # still sending: given up; it gets the transitions again next tick
+        return f"no answer within the tick's {timeout_s:g} s for one sink: left for the next tick", 0
+    return result[0]
 
 
-def _refresh_alertmanager(sinks: list, state, by_id: dict, just_sent: list, dagster_url: str) -> int:
+def _refresh_alertmanager(
+    sinks: list, state, by_id: dict, took: dict, posted_now: set, dagster_url: str, timeout_s: float | None
+) -> int:
     """Alertmanager expires a firing alert at its endsAt: like Prometheus, re-post every alert still
-    firing (already notified) each tick. Alertmanager merges them by labels and notifies nobody again;
-    a failed refresh is retried next tick and never holds back the cursor."""
+    firing that Alertmanager has taken, each tick, whatever the other sinks did (a webhook that refuses
+    for good must not let Alertmanager expire a live alert). Alertmanager merges them by labels and
+    notifies nobody again; a failed refresh is retried next tick and never holds back the cursor."""
     sinks = [s for s in sinks if getattr(s, "name", "") == "alertmanager"]
-    sent = {n.fingerprint for n in just_sent}
+    taken = {k.split("|")[1] for k, v in took.items() if k.startswith("firing|") and "alertmanager" in v}
     alive = [
         a
         for a in alert_state.firing(state)
-        if a.notified == "firing" and a.fingerprint not in sent and a.rule in by_id
+        if a.rule in by_id
+        and ("alertmanager", a.fingerprint) not in posted_now
+        and (a.notified == "firing" or a.fingerprint in taken)
     ]
     if not sinks or not alive:
         return 0
@@ -152,10 +216,9 @@ def _refresh_alertmanager(sinks: list, state, by_id: dict, just_sent: list, dags
         )
         for a in alive
     ]
-    for sink in sinks:
-        try:
-            sink.send(notes)
-        except Exception:  # noqa: BLE001 - a refresh is best effort: the next tick tries again
+    for sink in sinks:  # best effort: a failed refresh is tried again next tick
+        error, _ = _send(lambda sink=sink: sink.send(notes), timeout_s)
+        if error:
             return 0
     return len(notes)
 

@@ -124,9 +124,10 @@ class AlertSinkError(RuntimeError):
     """A sink did not accept the notifications. The message names the sink and its target (URL without
     credentials or query, or the channel) and never holds a secret."""
 
-    def __init__(self, sink: str, target: str, message: str):
+    def __init__(self, sink: str, target: str, message: str, accepted: int = 0):
         self.sink = sink
         self.target = target
+        self.accepted = accepted  # how many of the notifications, from the first, it did take
         super().__init__(f"{sink} {target}: {message}")
 
 
@@ -399,12 +400,12 @@ class SlackAlertSink:
                     hint = " (check SLACK_BOT_TOKEN)"
                 message = f"chat.postMessage (via {self.api_url}) failed: {_scrub(error, client.token)}{hint}"
                 raise AlertSinkError(
-                    self.name, self.channel, message + self._progress(posted, notifications)
+                    self.name, self.channel, message + self._progress(posted, notifications), accepted=posted
                 ) from None
             except Exception as exc:  # connection errors, timeouts, a bad answer
                 message = f"chat.postMessage (via {self.api_url}) failed: {_failure(exc, client.token)}"
                 raise AlertSinkError(
-                    self.name, self.channel, message + self._progress(posted, notifications)
+                    self.name, self.channel, message + self._progress(posted, notifications), accepted=posted
                 ) from None
             posted += 1
         log.info("alerts: %d notification(s) to slack %s", posted, self.channel)

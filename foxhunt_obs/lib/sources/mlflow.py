@@ -236,19 +236,26 @@ class MlflowSource:
             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",  # an int for MLflow: sleeps 0 s, 2 s, 4 s, ...
             "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(self.timeout_s))),
         }
+        # The variables are ours while any call needs them (counted), not held under a lock during the
+        # call: a call that hangs must not block another thread's (the alert tick gives up on a late one).
         with _ENV_LOCK:
-            added = [k for k in bounds if k not in os.environ]
-            for k in added:
-                os.environ[k] = bounds[k]
-            try:
-                yield
-            except MlflowException as e:
-                raise self._error(call, _mlflow_text(e)) from None
-            except requests.RequestException as e:
-                raise self._error(call, f"{type(e).__name__}: {e}") from None
-            finally:
-                for k in added:
-                    os.environ.pop(k, None)
+            mine = [k for k in bounds if k not in os.environ or k in _ENV_OURS]
+            for k in mine:
+                os.environ.setdefault(k, bounds[k])
+                _ENV_OURS[k] = _ENV_OURS.get(k, 0) + 1
+        try:
+            yield
+        except MlflowException as e:
+            raise self._error(call, _mlflow_text(e)) from None
+        except requests.RequestException as e:
+            raise self._error(call, f"{type(e).__name__}: {e}") from None
+        finally:
+            with _ENV_LOCK:
+                for k in mine:
+                    _ENV_OURS[k] -= 1
+                    if not _ENV_OURS[k]:
+                        del _ENV_OURS[k]
+                        os.environ.pop(k, None)
 
     # -- REST: histories ---------------------------------------------------------------------------
     def _rest_histories(self, runs: list[MlflowRun]) -> pa.Table:
@@ -570,6 +577,7 @@ class MlflowSource:
 
 
 _ENV_LOCK = threading.RLock()
+_ENV_OURS: dict[str, int] = {}  # MLflow variables we set -> calls in flight that need them
 _METRIC_ROW = np.dtype(
     [
         ("run_uuid", object),
