@@ -6,6 +6,7 @@ import os
 import urllib.request
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import boto3
 import dagster as dg
@@ -255,3 +256,63 @@ def test_the_demo_summary_shows_costs_gap_and_free_space(small, ingested):
         assert name in text
     low = min(v for _, v in bills.fsx_free_sum(small, "foxhunt-scratch", small.start, small.end))
     assert f"{low / 1e9:.1f}" in text
+
+
+def test_cur_tag_keys_as_aws_writes_them_and_an_unmatched_key_is_named(
+    small, aws, env, ingested, monkeypatch
+):
+    """Issue 12 §4 end to end: the scenario's CUR 2.0 export rewritten with a camelCase cost-allocation tag
+    (CostCenter: CUR 2.0 writes user_cost_center) in a real moto S3, ingested by a real Dagster run with
+    FOXHUNT_COST_TAGS=CostCenter,...; then a key that matches nothing is named in the run's metadata."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    server, state = aws
+    s3 = boto3.client("s3", endpoint_url=state["endpoint_url"], region_name=state["region"])
+    bucket, root = CUR_URI[5:].split("/", 1)
+    camel = root + "-camel"
+    period = DAY[:7]
+    data_key, manifest_key = cur_keys(period)
+    table = pq.read_table(io.BytesIO(s3.get_object(Bucket=bucket, Key=data_key)["Body"].read()))
+    tags = [
+        [("user_cost_center" if k == "user_project" else k, v) for k, v in row or []]
+        for row in table.column("resource_tags").to_pylist()
+    ]
+    table = table.set_column(
+        table.schema.get_field_index("resource_tags"),
+        "resource_tags",
+        pa.array(tags, table.schema.field("resource_tags").type),
+    )
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    new_data = data_key.replace(root, camel, 1)
+    s3.put_object(Bucket=bucket, Key=new_data, Body=out.getvalue())
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=manifest_key)["Body"].read())
+    manifest["dataFiles"] = [f"s3://{bucket}/{new_data}"]
+    s3.put_object(Bucket=bucket, Key=manifest_key.replace(root, camel, 1), Body=json.dumps(manifest).encode())
+
+    def costs_hourly(tag_keys: str) -> dg.ExecuteInProcessResult:
+        monkeypatch.setenv("FOXHUNT_CUR_S3_URI", f"s3://{bucket}/{camel}")
+        monkeypatch.setenv("FOXHUNT_COST_TAGS", tag_keys)
+        monkeypatch.setenv("FOXHUNT_LAKE", str(Path(env["FOXHUNT_LAKE"]) / f"camel-{tag_keys[:10]}"))
+        job = defs().get_implicit_global_asset_job_def()
+        result = job.execute_in_process(
+            instance=dg.DagsterInstance.ephemeral(), partition_key=DAY,
+            asset_selection=[dg.AssetKey("costs_hourly")], raise_on_error=False,
+        )  # fmt: skip
+        assert result.success, failure(result)
+        return result
+
+    result = costs_hourly("CostCenter,Environment,Experiment")
+    lake = Lake(os.environ["FOXHUNT_LAKE"])
+    rows = lake.read_partition(COSTS_HOURLY, DAY).to_pandas()
+    tagged = rows[rows["environment"] == "training"]
+    assert len(tagged) and set(tagged["project"]) == {
+        "foxhunt-rl"
+    }  # the cost center's value, from user_cost_center
+    assert metadata(result, "costs_hourly")["unmatched_tag_keys"] == {}
+
+    result = costs_hourly("CostCentre,Environment,Experiment")  # spelled as in no tag
+    assert metadata(result, "costs_hourly")["unmatched_tag_keys"] == {"CostCentre": [period]}

@@ -307,3 +307,65 @@ def test_node_exporter_scraped_by_ip_lands_on_the_kube_node(scraped):
     # node_exporter 1.3.1's MemTotal and MemAvailable (fixtures/real/node_exporter.prom)
     assert nodes["mem_total_bytes"].eq(1.01888e9).all()
     assert nodes["mem_used_bytes"].eq(1.01888e9 - 7.11532544e8).all()
+
+
+def test_a_missing_activity_source_fails_the_check_in_a_real_dagster_run(tmp_path, monkeypatch):
+    """The A800 MIG page (no GPU_UTIL, no GR_ENGINE_ACTIVE on its slices), as an hour of history in a
+    real Prometheus, through a real gpu_ingest_job run: the run succeeds, core_columns_reported fails and
+    names the metric names it looked for, and the GPU-hours carry unknown activity, not idle."""
+    import subprocess
+
+    import dagster as dg
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from foxhunt_obs.definitions import defs
+    from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.schemas import GPU_HOURLY
+    from foxhunt_obs.sandbox.prometheus import PROMTOOL
+
+    page = (REAL / "dcgm-exporter-mig-a800-hostname-pre337.prom").read_text()
+    t0 = 1794787200  # 2026-11-16T00:00:00Z
+    lines = []
+    for family in text_string_to_metric_families(page):
+        lines.append(f"# TYPE {family.name} gauge")
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
+            lines += [f"{s.name}{{{labels}}} {s.value} {t0 + 15 * k}" for k in range(240)]
+    history = tmp_path / "a800.om"
+    history.write_text("\n".join(lines) + "\n# EOF\n")
+    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(history), str(tmp_path / "tsdb")], check=True)  # fmt: skip
+    with PrometheusServer(tmp_path / "tsdb", workdir=tmp_path / "prom") as prom:
+        monkeypatch.setenv("FOXHUNT_PROMETHEUS_URL", prom.url)
+        monkeypatch.setenv("FOXHUNT_LAKE", str(tmp_path / "lake"))
+        tags = {
+            "dagster/asset_partition_range_start": "2026-11-16-00:00",
+            "dagster/asset_partition_range_end": "2026-11-16-00:00",
+        }
+        result = (
+            defs()
+            .resolve_job_def("gpu_ingest_job")
+            .execute_in_process(instance=dg.DagsterInstance.ephemeral(), tags=tags, raise_on_error=False)
+        )
+        assert result.success
+        checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+        core = checks["core_columns_reported"]
+        assert not core.passed
+        text = core.metadata["missing"].value
+        assert "`util`: 3 of 5 GPUs" in text and "`DCGM_FI_PROF_GR_ENGINE_ACTIVE`" in text
+        hourly = (
+            defs()
+            .resolve_job_def("gpu_hourly_job")
+            .execute_in_process(
+                instance=dg.DagsterInstance.ephemeral(), partition_key="2026-11-16", raise_on_error=False
+            )
+        )
+        assert hourly.success
+    rows = Lake(str(tmp_path / "lake")).read_partition(GPU_HOURLY, "2026-11-16").to_pandas()
+    slices = rows[rows["gpu_instance"].notna()]
+    assert (
+        len(slices) == 3
+        and slices["active_gpu_seconds"].isna().all()
+        and (slices["activity_seconds"] == 0).all()
+    )
+    whole = rows[rows["gpu_instance"].isna()]
+    assert len(whole) == 2 and whole["active_gpu_seconds"].notna().all()  # GPUs 1 and 2 report GPU_UTIL
