@@ -202,7 +202,7 @@ def summary(start: datetime, end: datetime) -> str:
     where = "WHERE hour >= ? AND hour < ?"
     total = con.execute(
         # GPU-hours weighed by gpu_share: a MIG slice counts for its part of its GPU
-        f"""SELECT count(DISTINCT uuid), sum(seconds_with_data * gpu_share) / 3600, sum(active_gpu_seconds) / 3600,
+        f"""SELECT count(DISTINCT uuid), sum(seconds_with_data * coalesce(gpu_share, 1)) / 3600, sum(active_gpu_seconds) / 3600,
                    sum(energy_kwh), sum(ecc_sbe_delta), sum(ecc_dbe_delta) FROM gpu_hourly {where}""",
         params,
     ).fetchone()
@@ -212,9 +212,9 @@ def summary(start: datetime, end: datetime) -> str:
     def table(by: str) -> str:
         rows = con.execute(
             f"""SELECT {by}, count(DISTINCT uuid) AS gpus,
-                       round(sum(seconds_with_data * gpu_share) / 3600, 1) AS gpu_hours,
+                       round(sum(seconds_with_data * coalesce(gpu_share, 1)) / 3600, 1) AS gpu_hours,
                        round(sum(active_gpu_seconds) / 3600, 1) AS active_gpu_hours,
-                       round(100 * sum(active_gpu_seconds) / sum(activity_seconds * gpu_share), 1) AS mean_util_pct
+                       round(100 * sum(active_gpu_seconds) / sum(coalesce(activity_seconds, seconds_with_data) * coalesce(gpu_share, 1)), 1) AS mean_util_pct
                 FROM gpu_hourly {where} GROUP BY {by} ORDER BY {by}""",
             params,
         ).fetch_df()
@@ -245,8 +245,8 @@ def training_summary(day: str) -> str:
     rows = lake.query(
         """
         WITH gpu AS (
-          SELECT experiment, round(sum(seconds_with_data * gpu_share) / 3600, 1) AS gpu_hours,
-                 round(100 * sum(active_gpu_seconds) / sum(activity_seconds * gpu_share), 1) AS gpu_util_pct
+          SELECT experiment, round(sum(seconds_with_data * coalesce(gpu_share, 1)) / 3600, 1) AS gpu_hours,
+                 round(100 * sum(active_gpu_seconds) / sum(coalesce(activity_seconds, seconds_with_data) * coalesce(gpu_share, 1)), 1) AS gpu_util_pct
           FROM gpu_hourly WHERE strftime(hour, '%Y-%m-%d') = $day GROUP BY experiment
         ),
         h AS (

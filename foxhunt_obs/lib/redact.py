@@ -31,9 +31,8 @@ URL_SETTINGS = (
 )
 MASK = "***"
 _USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
-_TOKEN_PARAM = re.compile(
-    r"(?i)([?&](?:access_?token|token|api_?key|key|password|passwd|secret|sig|signature|"
-    r"x-amz-signature|x-amz-credential|x-amz-security-token)=)[^&\s#'\"]+"
+_TOKEN_PARAM = re.compile(  # any parameter whose name ends in one of these (auth_token, client_secret, ...)
+    r"(?i)([?&][\w.-]*(?:token|key|password|passwd|secret|sig|signature|credential)=)[^&\s#'\"]+"
 )
 
 
@@ -92,8 +91,8 @@ def configured_secrets() -> list[str]:
 
 def scrub(text: str, secrets: list[str] | None = None) -> str:
     """`text` with URL userinfo and token parameters masked and every configured secret replaced."""
-    text = _USERINFO.sub(rf"\1{MASK}@", text)
-    text = _TOKEN_PARAM.sub(rf"\1{MASK}", text)
+    # the configured secrets first: a password holding '@' would otherwise be cut in two by _USERINFO
     for secret in sorted(configured_secrets() if secrets is None else secrets, key=len, reverse=True):
         text = text.replace(secret, MASK)
-    return text
+    text = _USERINFO.sub(rf"\1{MASK}@", text)
+    return _TOKEN_PARAM.sub(rf"\1{MASK}", text)

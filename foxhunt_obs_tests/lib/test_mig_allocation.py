@@ -109,7 +109,9 @@ def test_gpu_hourly_has_a_row_per_slice_and_splits_the_gpus_energy(allocated):
 def test_no_util_is_unknown_activity_not_idle(allocated):
     hourly, allocation = allocated
     whole = hourly[hourly["uuid"] == "GPU-whole"].iloc[0]
-    assert whole["activity_seconds"] == 0 and whole["active_gpu_seconds"] != whole["active_gpu_seconds"]  # NaN
+    assert (
+        whole["activity_seconds"] == 0 and whole["active_gpu_seconds"] != whole["active_gpu_seconds"]
+    )  # NaN
     row = allocation[allocation["uuid"] == "GPU-whole"].iloc[0]
     assert row["allocated_usd"] == pytest.approx(PRICE / 2)
     assert row["idle_usd"] == 0
@@ -131,3 +133,46 @@ def test_a_mig_gpus_cost_is_split_by_share_and_the_unsliced_rest_is_cluster_idle
     assert rest["gpu_profile"] == "unsliced"
     total = allocation["allocated_usd"].sum() + allocation["unallocated_usd"].sum()
     assert total == pytest.approx(PRICE)  # the node-hour, counted once
+
+
+def test_unknown_activity_is_out_of_the_per_dollar_figures(tmp_path, allocated):
+    """sac's GPU reported no util: its dollars are unknown activity, so its utilization per dollar and mean
+    util are NULL (nothing known), not 0 (which would read as 100 % idle)."""
+    from foxhunt_obs.lib.analysis.allocation import build_utilization_per_dollar
+    from foxhunt_obs.lib.schemas import COST_ALLOCATION
+
+    _, allocation = allocated
+    lake = Lake(str(tmp_path / "upd"))
+    lake.write_partition(
+        COST_ALLOCATION, "2026-11-16", pa.Table.from_pandas(allocation, preserve_index=False)
+    )
+    con = lake.connect([COST_ALLOCATION])
+    upd = build_utilization_per_dollar(con, date(2026, 11, 16)).to_pandas().set_index("experiment")
+    con.close()
+    assert upd.loc["sac", "unknown_activity_usd"] == pytest.approx(PRICE / 2)
+    assert upd.loc["sac", "active_gpu_hours_per_usd"] != upd.loc["sac", "active_gpu_hours_per_usd"]  # NaN
+    assert upd.loc["sac", "mean_util"] != upd.loc["sac", "mean_util"]
+    assert upd.loc["ppo", "active_gpu_hours_per_usd"] == pytest.approx((0.5 * 3 / 7) / (PRICE / 2 * 3 / 7))
+
+
+def test_gpus_without_uuids_still_split_their_node(tmp_path):
+    """An exporter that cannot read a GPU's identity sends uuid="": the node's cost is still split over
+    its GPUs (by gpu index), not charged whole to each."""
+    rows = [r for r in _samples().to_pylist() if r["uuid"] == "GPU-whole"]
+    rows += [{**r, "gpu": 2} for r in rows]
+    for r in rows:
+        r["uuid"], r["util"], r["util_basis"] = "", 0.5, "DCGM_FI_DEV_GPU_UTIL"
+    lake = Lake(str(tmp_path / "lake"))
+    lake.write_partition(GPU_SAMPLES, "2026-11-16T00", pa.Table.from_pylist(rows, schema=GPU_SAMPLES.schema))
+    lake.write_partition(NODE_SAMPLES, "2026-11-16T00", _nodes())
+    con = lake.connect([GPU_SAMPLES])
+    lake.write_partition(GPU_HOURLY, "2026-11-16", build_gpu_hourly(con, DAY))
+    con.close()
+    for spec in (COSTS_HOURLY, COSTS_DAILY):
+        lake.write_partition(spec, "2026-11-16", spec.schema.empty_table())
+    con = lake.connect([GPU_HOURLY, NODE_SAMPLES, COSTS_HOURLY, COSTS_DAILY])
+    register_prices(con, load_price_table("us-east-1"))
+    allocation = build_cost_allocation(con, date(2026, 11, 16)).to_pandas()
+    con.close()
+    gpus = allocation[allocation["kind"] == "gpu"]
+    assert len(gpus) == 2 and gpus["allocated_usd"].tolist() == pytest.approx([PRICE / 2] * 2)

@@ -43,3 +43,10 @@ def test_webhook_urls_in_sink_errors_hide_their_path_token():
         == "https://hooks.example/T0AB12CD/***"
     )
     assert mask_path_tokens("/a/b/receiver") == "/a/b/receiver"
+
+
+def test_more_token_parameters_and_passwords_with_an_at_sign():
+    assert redact_url("https://h/x?auth_token=S1&client_secret=S2&private_token=S3&page=2") == (
+        "https://h/x?auth_token=***&client_secret=***&private_token=***&page=2"
+    )
+    assert scrub("http://user:p@ss-9@host/x", ["p@ss-9"]) == "http://***@host/x"

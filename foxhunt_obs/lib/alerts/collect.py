@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
@@ -20,6 +21,7 @@ import pandas as pd
 
 from foxhunt_obs.lib.alerts.catalog import Rule
 from foxhunt_obs.lib.alerts.evaluate import EVALUATORS, Finding, from_vector
+from foxhunt_obs.lib.redact import scrub
 
 MLFLOW_KEYS = ("actor/loss", "success_rate", "actor/entropy")
 MLFLOW_LOOKBACK = timedelta(hours=24)  # enough points for the robust windows of the training rules
@@ -67,15 +69,25 @@ def collect(
     out = Evaluation()
     if not work:
         return out
-    pool = ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="alert-source")
-    futures = {source: pool.submit(_read, read, mine) for source, (read, mine) in work.items()}
-    wait(futures.values(), timeout=deadline_s)
-    pool.shutdown(wait=False)  # a late source's thread finishes on its own
-    for source, future in futures.items():
-        if not future.done():
+    # daemon threads: a hung read must not keep the process from exiting; a source whose read of an
+    # earlier tick still runs is not read again (one stuck thread per source at most)
+    results: dict[str, tuple[Evaluation, str]] = {}
+    threads = {}
+    for source, (read, mine) in work.items():
+        if (earlier := _RUNNING.get(source)) is not None and earlier.is_alive():
+            out.errors[source] = "its read of an earlier tick has not answered yet"
+            continue
+        threads[source] = _RUNNING[source] = threading.Thread(
+            target=_read, args=(read, mine, results, source), name=f"alert-source-{source}", daemon=True
+        )
+        threads[source].start()
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    for source, thread in threads.items():
+        thread.join(None if end is None else max(0.0, end - time.monotonic()))
+        if source not in results:
             out.errors[source] = f"no answer within the tick's {deadline_s:g} s for reading sources"
             continue
-        part, error = future.result()
+        part, error = results[source]
         if error:
             out.errors[source] = error
         else:
@@ -84,13 +96,17 @@ def collect(
     return out
 
 
-def _read(read, rules: list[Rule]) -> tuple[Evaluation, str]:
+_RUNNING: dict[str, threading.Thread] = {}  # source -> the thread reading it, kept across ticks
+
+
+def _read(read, rules: list[Rule], results: dict, source: str) -> None:
     part = Evaluation()
     try:
         read(rules, part)
     except Exception as e:  # noqa: BLE001 - a source down must not stop the others
-        return part, f"{type(e).__name__}: {e}"
-    return part, ""
+        results[source] = (part, scrub(f"{type(e).__name__}: {e}"))
+        return
+    results[source] = (part, "")
 
 
 # Values a summary names that are no label of the rule's result; the exported Prometheus rules compute

@@ -118,13 +118,24 @@ def tick(
         if out_of_time():
             report.failed[sink.name] = f"not tried: the tick ran past its {budget_s:g} s budget"
             continue
+        if (earlier := _BUSY.get(sink.name)) is not None and earlier.is_alive():
+            # its delivery of an earlier tick was given up but still runs: sending again would duplicate
+            report.failed[sink.name] = "still delivering an earlier tick's notifications"
+            continue
         if isinstance(sink, LakeAlertSink):  # the table records where each transition went
             sent_to = sorted({name for n in todo for name in took[_key(n)]} - {sink.name})
             error, accepted = _send(
                 lambda sink=sink, todo=todo, sent_to=sent_to: sink.send(todo, sent_to=sent_to), sink_budget_s
             )
+        elif getattr(sink, "takes_deadline", False):  # stops between messages, saying how many it posted
+            stop = None if sink_budget_s is None else time.monotonic() + sink_budget_s * 0.8
+            error, accepted = _send(
+                lambda sink=sink, todo=todo, stop=stop: sink.send(todo, deadline=stop),
+                sink_budget_s,
+                sink.name,
+            )
         else:
-            error, accepted = _send(lambda sink=sink, todo=todo: sink.send(todo), sink_budget_s)
+            error, accepted = _send(lambda sink=sink, todo=todo: sink.send(todo), sink_budget_s, sink.name)
         # a sink that posts one message per notification (Slack) may take some before it fails: those
         # are recorded as taken, so the next tick does not post them again
         for n in todo[: len(todo) if error is None else accepted]:
@@ -140,11 +151,12 @@ def tick(
         if k in since and now - datetime.fromisoformat(since[k]) > PENDING_MAX:
             refused = ", ".join(sorted(set(names) - set(took[k])))
             report.dropped.append(f"{n.status} {n.rule} ({n.summary}): refused by {refused} since {since[k]}")
-            for sink in sinks:
-                if isinstance(
-                    sink, LakeAlertSink
-                ):  # a row of its own: where it went, and that it was dropped
-                    _send(lambda sink=sink, n=n, k=k: sink.send([n], sent_to=[*took[k], "dropped"]))
+            for sink in sinks:  # a row of its own: where it went, and that it was dropped
+                if isinstance(sink, LakeAlertSink) and sink.name in took[k] and not out_of_time():
+                    _send(
+                        lambda sink=sink, n=n, k=k: sink.send([n], sent_to=[*took[k], "dropped"]),
+                        sink_budget_s,
+                    )
             took[k] = list(names)
             dropped.add(k)
             since.pop(k)
@@ -160,7 +172,10 @@ def tick(
     return json.dumps(cursor_doc, separators=(",", ":")), report
 
 
-def _send(fn, timeout_s: float | None = None) -> tuple[str | None, int]:
+_BUSY: dict[str, threading.Thread] = {}  # sink -> a delivery given up at its deadline that still runs
+
+
+def _send(fn, timeout_s: float | None = None, sink: str = "") -> tuple[str | None, int]:
     """(error or None, how many notifications from the first the sink took before its error). With
     `timeout_s`, the delivery runs in a thread of its own and is given up after that long, whatever the
     sink's socket timeouts do (a webhook dripping one byte every 2 s never trips a read timeout)."""
@@ -183,8 +198,10 @@ def _send(fn, timeout_s: float | None = None) -> tuple[str | None, int]:
     worker = threading.Thread(target=run, name="alert-sink", daemon=True)
     worker.start()
     worker.join(timeout_s)
-    if not result:  # still sending: given up; it gets the transitions again next tick
-        return f"no answer within the tick's {timeout_s:g} s for one sink: left for the next tick", 0
+    if not result:  # still sending: given up; it gets the transitions again once this thread is done
+        if sink:
+            _BUSY[sink] = worker
+        return f"no answer within the tick's {timeout_s:g} s for one sink: left for a later tick", 0
     return result[0]
 
 

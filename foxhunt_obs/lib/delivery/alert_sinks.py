@@ -376,7 +376,11 @@ class SlackAlertSink:
     def __repr__(self) -> str:
         return f"SlackAlertSink({self.channel!r}, api_url={self.api_url!r})"
 
-    def send(self, notifications: Sequence[Notification]) -> None:
+    takes_deadline = True  # the engine passes `deadline`: a batch stops between messages, counted
+
+    def send(self, notifications: Sequence[Notification], deadline: float | None = None) -> None:
+        """One message per notification; past `deadline` (time.monotonic()) it stops before the next
+        message and says how many it posted (AlertSinkError.accepted), so none is posted twice."""
         _check(notifications)
         if not notifications:
             return
@@ -384,6 +388,13 @@ class SlackAlertSink:
         now = datetime.now(timezone.utc)
         posted = 0
         for n in notifications:
+            if deadline is not None and time.monotonic() > deadline:
+                raise AlertSinkError(
+                    self.name,
+                    self.channel,
+                    f"out of time for this tick after {posted} of {len(notifications)}",
+                    accepted=posted,
+                )
             try:
                 client.chat_postMessage(
                     channel=self.channel,

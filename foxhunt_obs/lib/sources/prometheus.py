@@ -277,7 +277,10 @@ class PrometheusClient:
                 chunk = r.raw.read1(1 << 20, decode_content=True)
                 if not chunk:
                     return
-                on_chunk(chunk)
+                try:
+                    on_chunk(chunk)
+                except ValueError as e:  # a series' labels that are no JSON
+                    raise describe(f"unreadable answer: {e}") from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             raise describe(f"connection lost mid-answer: {scrub(str(e))}") from None
 

@@ -31,7 +31,8 @@ node_cost AS (
   LEFT JOIN ec2_prices p ON p.instance_type = n.instance_type
   GROUP BY ALL
 ),
--- A MIG GPU reports one row per slice: the node's cost is split over its GPUs (not its rows), and a
+-- A MIG GPU reports one row per slice: the node's cost is split over its GPUs (not its rows; by index and
+-- UUID, so GPUs whose exporter sent no UUID still count one each), and a
 -- GPU's over its slices by their gpu_share; what no slice covers is cluster idle (kind mig_unsliced).
 gpus AS (
   -- gpu_hourly partitions written before the MIG and activity columns existed: whole GPUs, util known
@@ -39,7 +40,7 @@ gpus AS (
                       coalesce(g.activity_seconds, g.seconds_with_data) AS activity_seconds),
          n.gpus_on_node
   FROM gpu_hourly g
-  JOIN (SELECT node, hour, count(DISTINCT uuid) AS gpus_on_node FROM gpu_hourly
+  JOIN (SELECT node, hour, count(DISTINCT coalesce(gpu, -1)::VARCHAR || '|' || uuid) AS gpus_on_node FROM gpu_hourly
         WHERE strftime(hour, '%Y-%m-%d') = $key GROUP BY ALL) n USING (node, hour)
   WHERE strftime(g.hour, '%Y-%m-%d') = $key
 ),

@@ -24,10 +24,13 @@ cluster AS (
   FROM a HAVING count(*) > 0
 ),
 rows AS (SELECT * FROM per_experiment UNION ALL SELECT * FROM cluster)
+-- GPU time with no util reported (unknown_activity_usd) is neither busy nor idle: the per-dollar and
+-- mean-util figures are over the known part only (its share of the dollars), NULL when nothing is known
 SELECT CAST($key AS DATE) AS day, experiment, gpu_hours, active_gpu_hours,
-       active_gpu_hours / nullif(gpu_hours, 0) AS mean_util,
+       active_gpu_hours / nullif(gpu_hours * (1 - coalesce(unknown_activity_usd, 0) / nullif(allocated_usd, 0)), 0)
+         AS mean_util,
        allocated_usd, idle_usd,
-       active_gpu_hours / nullif(allocated_usd, 0) AS active_gpu_hours_per_usd,
-       allocated_usd / nullif(active_gpu_hours, 0) AS usd_per_active_gpu_hour,
+       active_gpu_hours / nullif(allocated_usd - coalesce(unknown_activity_usd, 0), 0) AS active_gpu_hours_per_usd,
+       (allocated_usd - coalesce(unknown_activity_usd, 0)) / nullif(active_gpu_hours, 0) AS usd_per_active_gpu_hour,
        energy_kwh, coalesce(cost_source, '') AS cost_source, unknown_activity_usd
 FROM rows ORDER BY experiment = '(cluster idle)', experiment

@@ -4,11 +4,15 @@ SELECT CAST(day AS DATE) AS day, experiment, allocated_usd, idle_usd, gpu_hours,
 FROM utilization_per_dollar WHERE day >= $first AND day <= $last
 ORDER BY day, experiment = '(cluster idle)', experiment;
 -- name: experiments
+-- over the known part only, as utilization_per_dollar: unknown activity is neither busy nor idle
 SELECT experiment, sum(gpu_hours) AS gpu_hours, sum(active_gpu_hours) AS active_gpu_hours,
-       sum(active_gpu_hours) / nullif(sum(gpu_hours), 0) AS mean_util,
+       sum(active_gpu_hours) / nullif(sum(gpu_hours * (1 - coalesce(unknown_activity_usd, 0)
+         / nullif(allocated_usd, 0))), 0) AS mean_util,
        sum(allocated_usd) AS allocated_usd, sum(idle_usd) AS idle_usd,
-       sum(active_gpu_hours) / nullif(sum(allocated_usd), 0) AS active_gpu_hours_per_usd,
-       sum(allocated_usd) / nullif(sum(active_gpu_hours), 0) AS usd_per_active_gpu_hour,
+       sum(active_gpu_hours) / nullif(sum(allocated_usd - coalesce(unknown_activity_usd, 0)), 0)
+         AS active_gpu_hours_per_usd,
+       sum(allocated_usd - coalesce(unknown_activity_usd, 0)) / nullif(sum(active_gpu_hours), 0)
+         AS usd_per_active_gpu_hour,
        sum(energy_kwh) AS energy_kwh,
        string_agg(DISTINCT nullif(cost_source, ''), '+' ORDER BY nullif(cost_source, '')) AS cost_source,
        coalesce(sum(unknown_activity_usd), 0) AS unknown_activity_usd
