@@ -237,30 +237,33 @@ class PrometheusClient:
 
     # -- requests with a total deadline ------------------------------------------------------------
     def _send(self, path: str, params: dict, on_chunk, describe) -> None:
-        """POST `params` to `path` and hand the body to `on_chunk` as it arrives, within timeout_s per
-        attempt; 502/503/504 and connection errors are retried. `describe(text)` builds the error."""
+        """POST `params` to `path` and hand the body to `on_chunk` as it arrives, all of it (every retry
+        included) within timeout_s; 502/503/504 and connection errors are retried while time is left.
+        `describe(text)` builds the error."""
         delay = 0.5
+        deadline = time.monotonic() + self.timeout_s
         for attempt in range(1, self.retries + 1):
-            deadline = time.monotonic() + self.timeout_s
-            read_s = min(_READ_S, self.timeout_s)
+            left = deadline - time.monotonic()
+            read_s = max(0.05, min(_READ_S, left))
             try:
                 # POST: long PromQL does not fit in a URL; Prometheus accepts form-encoded parameters.
                 r = self._session.post(
                     f"{self._base}{path}",
                     data=params,
                     headers=self._headers,
-                    timeout=(min(3.05, self.timeout_s), read_s),
+                    timeout=(max(0.05, min(3.05, left)), read_s),
                     stream=True,
                 )
             except (requests.ConnectionError, requests.Timeout) as e:
-                if attempt == self.retries:
+                if attempt == self.retries or time.monotonic() + delay >= deadline:
                     raise describe(f"cannot connect after {attempt} tries: {scrub(str(e))}") from None
             else:
                 with r:
                     if r.status_code == 200:
                         self._read(r, deadline, on_chunk, describe)
                         return
-                    if r.status_code not in _RETRY_STATUS or attempt == self.retries:
+                    last = attempt == self.retries or time.monotonic() + delay >= deadline
+                    if r.status_code not in _RETRY_STATUS or last:
                         raise describe(_describe(r))
             time.sleep(delay)
             delay *= 2
