@@ -43,6 +43,5 @@ def range_request(first, last, why: str) -> list[dg.RunRequest]:
 def trailing_days(today) -> tuple:
     """The FOXHUNT_CE_RESTATE_DAYS days up to yesterday: what Cost Explorer may still restate."""
     yesterday = today - timedelta(days=1)
-    return yesterday - timedelta(
-        days=int(positive_number("FOXHUNT_CE_RESTATE_DAYS", integer=True)) - 1
-    ), yesterday
+    days = int(positive_number("FOXHUNT_CE_RESTATE_DAYS", integer=True))
+    return yesterday - timedelta(days=days - 1), yesterday

@@ -53,7 +53,8 @@ def collect(
     """Every source's rules, the sources read side by side. With `deadline_s`, a source that has not
     answered by then is "not evaluated" (its alerts keep their state) and the others' findings stand: a
     hanging MLflow must not hold back a GPU that overheats. The late source's thread is left to finish
-    (every client has its own total timeout) and its result is ignored."""
+    on its own client timeouts (a daemon thread, its result ignored), and the source is not read again
+    while it runs."""
     enabled = [r for r in rules if r.enabled]
     readers: dict[str, Callable[[list[Rule], Evaluation], None]] = {
         "prometheus": lambda rs, ev: _prometheus(rs, sources, now, ev),

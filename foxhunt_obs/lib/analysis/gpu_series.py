@@ -43,6 +43,12 @@ class Window:
         return f"{max(1, round(self.step * 1000) - 1)}ms"
 
     @property
+    def lookback(self) -> str:
+        """For instant queries at the window's end that must see every series of the window: the window
+        plus Prometheus's 5-minute look-back."""
+        return f"{round(self.end - self.start + 300)}s"
+
+    @property
     def rate(self) -> str:
         return f"{round(self.step * 4 * 1000)}ms"
 
@@ -63,15 +69,12 @@ def collect_gpu_samples(
     experiment_label: str = "experiment",
     exporter_containers: tuple[str, ...] = (),
     columns: list[str] | None = None,
-    found: dict[str, list[str]] | None = None,
 ) -> pa.Table:
-    """gpu_samples rows for the window. `columns` limits which canonical metrics are fetched; `found`,
-    when given, receives each fetched column's source names that returned series (empty: none did)."""
+    """gpu_samples rows for the window. `columns` limits which canonical metrics are fetched."""
     wanted = [m for m in catalog.gpu_metrics if columns is None or m.column in columns]
     targets = ScrapeTargets(scrape_target_pods(client, window), frozenset(exporter_containers))
     grid = _Grid(window, node_names_by_ip(client, catalog, window))
     for metric in wanted:
-        names = []
         # Last-listed source first, so the first-listed one wins where several report.
         for source in reversed(metric.sources):
             query = fill(catalog.gpu_query, name=source.name, fresh=window.fresh)
@@ -79,9 +82,6 @@ def collect_gpu_samples(
             if res.labels:
                 _require_identity(res, catalog, node_labels, query, window)
                 grid.add(res, catalog, node_labels, targets, metric.column, source.scale, source.name)
-                names.insert(0, source.name)
-        if found is not None:
-            found[metric.column] = names
     experiments = pod_experiments(client, catalog, window, experiment_label)
     return grid.table(catalog, {m.column for m in wanted}, experiments)
 
@@ -111,9 +111,8 @@ def _require_identity(
 def scrape_target_pods(client: PrometheusClient, window: Window) -> frozenset[tuple[str, str, str, str]]:
     """(job, instance, namespace, pod) of every scrape target with a pod in the window, from `up`: the
     series Prometheus writes for each target with the target's own labels (catalog.ScrapeTargets)."""
-    lookback = f"{round(window.end - window.start + 300)}s"
     by = ", ".join((*TARGET_LABELS, "namespace", "pod"))
-    q = f'max by ({by}) (last_over_time(up{{pod!=""}}[{lookback}]))'
+    q = f'max by ({by}) (last_over_time(up{{pod!=""}}[{window.lookback}]))'
     return frozenset(
         (x.get("job", ""), x.get("instance", ""), x.get("namespace", ""), x["pod"])
         for x, _ in client.query(q, window.end, window.label)
@@ -291,10 +290,9 @@ def _experiments_of(label_sets: list[tuple[str, str, str, str]], experiments: pa
 def pod_experiments(client: PrometheusClient, catalog: Catalog, window: Window, label: str) -> pa.Table:
     """(namespace, pod, experiment) from kube_pod_labels; pod '' rows are namespace-level labels."""
     key = kube_label_name(label)
-    lookback = f"{round(window.end - window.start + 300)}s"  # the window plus Prometheus's look-back
     rows: dict[tuple[str, str], str] = {}
     for metric, is_ns in ((catalog.kube["pod_labels"], False), (catalog.kube["namespace_labels"], True)):
-        q = f'max by (namespace, pod, {key}) (last_over_time({metric}{{{key}!=""}}[{lookback}]))'
+        q = f'max by (namespace, pod, {key}) (last_over_time({metric}{{{key}!=""}}[{window.lookback}]))'
         for labels, _ in client.query(q, window.end, window.label):
             ns, pod = labels.get("namespace", ""), "" if is_ns else labels.get("pod", "")
             if ns and (pod or is_ns):
@@ -408,8 +406,7 @@ def collect_node_samples(
 
 def node_instance_types(client: PrometheusClient, catalog: Catalog, window: Window) -> pa.Table:
     key = catalog.kube["instance_type_label"]
-    lookback = f"{round(window.end - window.start + 300)}s"
-    q = f'max by (node, {key}) (last_over_time({catalog.kube["node_labels"]}{{{key}!=""}}[{lookback}]))'
+    q = f'max by (node, {key}) (last_over_time({catalog.kube["node_labels"]}{{{key}!=""}}[{window.lookback}]))'
     found = {
         labels["node"]: labels[key]
         for labels, _ in client.query(q, window.end, window.label)
@@ -428,8 +425,7 @@ def node_names_by_ip(client: PrometheusClient, catalog: Catalog, window: Window)
     address (node_exporter scraped by IP, `instance="10.0.1.23:9100"`) is put on the node so named, so
     node_samples and gpu_samples agree. An IP two nodes claimed in the window maps to neither."""
     key = catalog.kube["internal_ip_label"]
-    lookback = f"{round(window.end - window.start + 300)}s"
-    q = f'max by (node, {key}) (last_over_time({catalog.kube["node_info"]}{{{key}!=""}}[{lookback}]))'
+    q = f'max by (node, {key}) (last_over_time({catalog.kube["node_info"]}{{{key}!=""}}[{window.lookback}]))'
     seen: dict[str, set[str]] = {}
     for labels, _ in client.query(q, window.end, window.label):
         if labels.get("node") and labels.get(key):

@@ -17,7 +17,7 @@ _PROFILE = re.compile(r"^(\d+)g\.")  # "3g.40gb", "1g.10gb+me"
 
 
 class MigError(ValueError):
-    pass
+    """A MIG profile or GPU model whose share cannot be known: the message names both and the data file."""
 
 
 @cache

@@ -326,26 +326,21 @@ class PrometheusClient:
     def fetch_range_body(self, query: str, start: float, end: float, step: float, what: str = "") -> bytes:
         """The raw answer of one query_range request (no chunking)."""
         body = bytearray()
-        self._send(
-            "/api/v1/query_range",
-            self._range_params(query, start, end, step),
-            body.extend,
-            lambda text: self._error(query, start, end, step, what, text),
-        )
+        self._send_range(query, start, end, step, what, body.extend)
         return bytes(body)
 
-    @staticmethod
-    def _range_params(query: str, start: float, end: float, step: float) -> dict:
-        return {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    def _send_range(self, query: str, start: float, end: float, step: float, what: str, on_chunk) -> None:
+        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        self._send(
+            "/api/v1/query_range",
+            params,
+            on_chunk,
+            lambda text: self._error(query, start, end, step, what, text),
+        )
 
     def _range_chunk(self, query: str, start: float, end: float, step: float, what: str) -> RangeResult:
         parser = MatrixParser()
-        self._send(
-            "/api/v1/query_range",
-            self._range_params(query, start, end, step),
-            parser.feed,
-            lambda text: self._error(query, start, end, step, what, text),
-        )
+        self._send_range(query, start, end, step, what, parser.feed)
         try:
             return parser.finish()
         except ValueError as e:
