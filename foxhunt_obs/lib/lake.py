@@ -9,6 +9,11 @@ one writer process). This module knows nothing about Dagster.
 Layout: ``<root>/<table>/<partition col>=<value>/part-0.parquet``, one file per partition. A write is atomic
 and idempotent: temp file + fsync + ``os.replace`` locally, a single object PUT on S3. The partition column
 is not stored in the file; readers get it from the path, as a VARCHAR.
+
+Why boto3's ``put_object`` for S3 writes and pyarrow for reads: pyarrow's output stream switches to a
+multipart upload above ~10 MiB, and a multipart upload that fails half-way is left on the bucket (billed,
+invisible to listings) unless aborted. One PUT of the body already in memory (up to 5 GiB, S3's limit for
+one PUT) is atomic and leaves nothing behind when it fails.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from foxhunt_obs.lib.schemas import TABLES, TableSpec
 
 FILE_NAME = "part-0.parquet"
 STALE_TEMP_S = 3600  # a temp file this old is a killed writer's, not a running one's
+PUT_MAX_BYTES = 5 * 1024**3  # S3's limit for one PutObject
+S3_TIMEOUTS = {"connect_timeout": 5, "read_timeout": 60}  # seconds, per attempt (botocore's own retries: 3)
 ROW_GROUP_SIZE = 256 * 1024
 
 
@@ -62,22 +69,40 @@ class Lake:
         return f"Lake({self.root!r})"
 
     # -- paths and filesystem -------------------------------------------------------------------------
-    @cached_property
-    def fs(self) -> pafs.FileSystem:
-        """pyarrow filesystem, built on first use (S3 settings come from the environment)."""
-        if not self.is_s3:
-            return pafs.LocalFileSystem()
+    def _s3_settings(self) -> tuple[str | None, str]:
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        # allow_delayed_open: bodies under pyarrow's part size (~10 MiB) go up as ONE PutObject, larger
-        # ones as a multipart upload (also atomic: the object appears on completion). moto 5.2.1 answers
-        # CompleteMultipartUpload with a root element pyarrow 26 rejects, so tests stay under 10 MiB.
-        kwargs: dict = {"region": region, "allow_delayed_open": True}
+        return endpoint, region
+
+    @cached_property
+    def fs(self) -> pafs.FileSystem:
+        """pyarrow filesystem for reads and listings, built on first use (S3 settings from the environment)."""
+        if not self.is_s3:
+            return pafs.LocalFileSystem()
+        endpoint, region = self._s3_settings()
+        kwargs: dict = {"region": region}
         if endpoint:
             scheme, _, host = endpoint.rpartition("://")
             kwargs["endpoint_override"] = host.rstrip("/")
             kwargs["scheme"] = scheme or "https"
         return pafs.S3FileSystem(**kwargs)
+
+    @cached_property
+    def _s3(self):
+        """boto3 S3 client for writes (see the module docstring), with timeouts and standard retries."""
+        import boto3
+        from botocore.config import Config
+
+        endpoint, region = self._s3_settings()
+        config = Config(**S3_TIMEOUTS, retries={"max_attempts": 3, "mode": "standard"})
+        return boto3.client("s3", endpoint_url=endpoint, region_name=region, config=config)
+
+    def _put(self, path: str, body: bytes, content_type: str = "application/octet-stream") -> None:
+        """One PutObject of ``body`` at ``bucket/key``: the object appears whole or not at all."""
+        if len(body) > PUT_MAX_BYTES:
+            raise LakeError(f"lake {self.root}: {path} is {len(body)} bytes, over S3's 5 GiB for one PUT")
+        bucket, _, key = path.partition("/")
+        self._s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
 
     def _base(self) -> str:
         """The root as a path for ``self.fs`` (``bucket/prefix`` on S3)."""
@@ -151,10 +176,9 @@ class Lake:
             if self.is_s3:
                 buf = pa.BufferOutputStream()
                 self._write_parquet(data, buf)
-                body = buf.getvalue()
-                with self.fs.open_output_stream(final) as out:  # one PUT: atomic per object
-                    out.write(body)
-                size = body.size
+                body = buf.getvalue().to_pybytes()
+                self._put(final, body)
+                size = len(body)
             else:
                 os.makedirs(part_dir, exist_ok=True)
                 tmp = f"{final}.tmp-{uuid.uuid4().hex}"  # never matches the readers' *.parquet glob
@@ -250,10 +274,7 @@ class Lake:
             final = targets[name]
             try:
                 if self.is_s3:
-                    content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
-                    # one PutObject for bodies under ~10 MiB (see `fs`): the object appears whole or not at all
-                    with self.fs.open_output_stream(final, metadata={"Content-Type": content_type}) as out:
-                        out.write(body)
+                    self._put(final, body, mimetypes.guess_type(name)[0] or "application/octet-stream")
                 else:
                     os.makedirs(folder, exist_ok=True)
                     tmp = f"{final}.tmp-{uuid.uuid4().hex}"

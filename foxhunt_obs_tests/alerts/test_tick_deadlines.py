@@ -125,6 +125,22 @@ class _Hook(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _Slow(http.server.BaseHTTPRequestHandler):
+    """A webhook that takes them all, 3 s after the request: past one sink's 2 s budget."""
+
+    received: list = []
+
+    def do_POST(self):
+        type(self).received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        _STOP.wait(3)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
 @pytest.fixture(autouse=True)
 def _release_stalls():
     """After each test the stand-ins stop stalling, and the reads and deliveries the tick gave up on
@@ -221,3 +237,20 @@ def test_a_dripping_webhook_is_given_up_and_the_other_sinks_deliver(tmp_path):
         cursor, report, _ = _tick(rules, Sources(prometheus=PrometheusClient(prom)), sinks, cursor)
         assert report.failed["webhook"] == "still delivering an earlier tick's notifications"
         assert len(_Hook.received) == 1  # webhook2 took them on the first tick: not sent twice
+
+
+def test_a_delivery_given_up_that_ends_later_is_recorded_not_sent_again(tmp_path):
+    """A webhook answering after the sink's budget took the transitions all the same: the next tick
+    learns that from the ended delivery and does not post them a second time."""
+    rules = _rules(tmp_path, "gpu_overheat")
+    _Slow.received = []
+    with _server(_Hot) as prom, _server(_Slow) as slow:
+        sinks = [WebhookSink(f"{slow}/h", "s3cret")]
+        cursor, report, _ = _tick(rules, Sources(prometheus=PrometheusClient(prom)), sinks)
+        assert "no answer within" in report.failed["webhook"] and report.sent == []
+        assert len(json.loads(cursor)["took"]) == 8  # pending: the webhook has not answered yet
+        time.sleep(2.5)  # the given-up delivery ends (200) meanwhile
+        cursor, report, _ = _tick(rules, Sources(prometheus=PrometheusClient(prom)), sinks, cursor)
+        assert report.failed == {} and len(report.sent) == 8
+        assert len(_Slow.received) == 1 and len(_Slow.received[0]["notifications"]) == 8
+        assert json.loads(cursor)["took"] == {}

@@ -7,14 +7,20 @@ process group and stopped by this test; everything is seen through the GraphQL A
   start is moved back 25 hours, as if it had been on since yesterday. The scheduler daemon then catches up
   the last 07:30 UTC tick itself: the product's schedule function, the tick, the run queue and a run of
   `daily_reports_job` over the trailing days, which succeeds on an empty lake (no external service).
+* A run that fails, launched from the CLI (`dagster asset materialize`, Prometheus unreachable), reaches
+  the webhook through `run_failure_alert` although the webhook refuses it at first: refused on one tick,
+  taken on a later one, and never sent twice (issue 13 §2).
 """
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import dagster as dg
@@ -29,7 +35,9 @@ REPOSITORY = "__repository__"  # the name Dagster gives a @definitions code loca
 SENSOR = "alert_sensor"
 SCHEDULE = "daily_reports_schedule"
 JOB = "daily_reports_job"
-DEADLINE_S = 240.0  # everything after the start: ready, the sensor's tick, the scheduled run
+FAILURE_SENSOR = "run_failure_alert"
+DEADLINE_S = 360.0  # everything after the start: ready, the sensors' ticks, the scheduled run, the failure
+REFUSE_S = 5.0  # the webhook refuses run failures this long after the first (one tick and its retries)
 
 # Threads: sensors and schedules are evaluated beside the daemon loop, not in turn with it.
 DAGSTER_YAML = """\
@@ -103,7 +111,7 @@ query Run($runId: ID!) {
 class Dagster:
     """A `dagster dev` in its own process group, talked to over GraphQL."""
 
-    def __init__(self, home: Path, lake: Path, log: Path):
+    def __init__(self, home: Path, lake: Path, log: Path, webhook_url: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -122,6 +130,8 @@ class Dagster:
             # the scheduled run's trailing days lie inside the partitions, whatever the date
             FOXHUNT_PARTITIONS_START=(today - timedelta(days=14)).isoformat(),
             FOXHUNT_DAGSTER_URL=self.url,
+            FOXHUNT_ALERT_WEBHOOK_URL=webhook_url,
+            FOXHUNT_ALERT_WEBHOOK_SECRET="dev-test-secret",
         )
         self.env = env
         self.process: subprocess.Popen | None = None
@@ -192,6 +202,48 @@ class Dagster:
         # the group, and any child that left it (a setsid), must be gone
         left = sorted(_group(pgid) | {p for p in tree if _alive(p)})
         return sent, [f"{p}: {_cmdline(p)}" for p in left]
+
+
+class Webhook(ThreadingHTTPServer):
+    """Records every notification it is sent, with the time; refuses (503) run failures for REFUSE_S
+    after the first one it sees, so run_failure_alert must send it again on a later tick."""
+
+    def __init__(self):
+        self.taken: list[tuple[float, dict]] = []
+        self.refused: list[float] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Hook(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                notes = body["notifications"]
+                now = time.monotonic()
+                with server.lock:
+                    failures = [n for n in notes if n["rule"] == "dagster_run_failed"]
+                    first = server.refused[0] if server.refused else None
+                    refuse = failures and (first is None or now - first < REFUSE_S)
+                    if refuse:
+                        server.refused.append(now)
+                    else:
+                        server.taken += [(now, n) for n in notes]
+                self.send_response(503 if refuse else 200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):  # quiet test server
+                pass
+
+        super().__init__(("127.0.0.1", 0), Hook)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}/hook"
+
+    def failures(self) -> list[tuple[float, dict]]:
+        with self.lock:
+            return [(t, n) for t, n in self.taken if n["rule"] == "dagster_run_failed"]
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -265,12 +317,26 @@ def _move_schedule_start_back(home: Path, name: str, hours: float) -> None:
         )
 
 
-@pytest.mark.timeout(400)
+def _fail_a_run_from_the_cli(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """gpu_samples for yesterday noon, Prometheus unreachable: a failed run in the daemon's instance."""
+    hour = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%d-12:00")
+    cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "foxhunt_obs.definitions"]
+    cmd += ["--select", "gpu_samples", "--partition", hour]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.timeout(560)
 def test_dagster_dev_sensor_ticks_and_a_scheduled_run_succeeds(tmp_path):
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(DAGSTER_YAML)
-    dagster = Dagster(home, tmp_path / "lake", tmp_path / "dagster-dev.log")
+    webhook = Webhook()
+    dagster = Dagster(home, tmp_path / "lake", tmp_path / "dagster-dev.log", webhook.url)
+    failure_sensor = {
+        "repositoryLocationName": LOCATION,
+        "repositoryName": REPOSITORY,
+        "sensorName": FAILURE_SENSOR,
+    }
     sensor = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "sensorName": SENSOR}
     schedule = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "scheduleName": SCHEDULE}
     timings: dict[str, float] = {}
@@ -348,8 +414,33 @@ def test_dagster_dev_sensor_ticks_and_a_scheduled_run_succeeds(tmp_path):
         assert last == (fired.date() - timedelta(days=1)).isoformat(), tags
         written = sorted(p.name for p in (tmp_path / "lake" / "cost_allocation").iterdir())
         assert written[0] == f"day={first}" and written[-1] == f"day={last}", written
+
+        # (3) a failed CLI run reaches the webhook that refused it at first, once
+        failed = _fail_a_run_from_the_cli(dagster.env)
+        assert failed.returncode != 0, failed.stdout[-2000:]
+        timings["failed CLI run"] = time.monotonic() - t0
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            [failed_run] = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+        taken = _wait("the webhook to take the run failure", webhook.failures, deadline, dagster)
+        timings["run failure taken"] = time.monotonic() - t0
+        assert webhook.refused, "the webhook never refused: the retry was not exercised"
+        [(taken_at, note)] = taken
+        assert note["fingerprint"] == failed_run.run_id and note["labels"]["job"] == "__ASSET_JOB", note
+        assert "gpu_samples" in note["description"] and "cannot connect" in note["description"], note
+
+        def later_tick():  # a tick that began after the webhook took it: it must not send it again
+            result = dagster.gql(SENSOR_QUERY, selector=failure_sensor)["sensorOrError"]
+            ticks = [t for t in result["sensorState"]["ticks"] if t["status"] != "STARTED"]
+            since = time.time() - (time.monotonic() - taken_at)
+            return [t for t in ticks if t["timestamp"] > since + 1]
+
+        [after, *_] = _wait(f"a later tick of {FAILURE_SENSOR}", later_tick, deadline, dagster)
+        assert after["status"] == "SKIPPED" and after["skipReason"] == "0 failed runs notified", after
+        assert len(webhook.failures()) == 1, webhook.failures()
+        timings["later failure-sensor tick"] = time.monotonic() - t0
         passed = True
     finally:
+        webhook.shutdown()
         sent, left = dagster.stop()
         timings[f"stopped ({sent})"] = time.monotonic() - t0
         print("timings (s from start): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))

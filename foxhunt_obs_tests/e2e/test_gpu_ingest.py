@@ -47,7 +47,7 @@ def _keyed(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(gpu_instance=df["gpu_instance"].astype("Float64").fillna(-1).astype(int))
 
 
-def run(job: str, first: str, last: str, instance=None) -> dg.ExecuteInProcessResult:
+def run(job: str, first: str, last: str, instance=None, config=None) -> dg.ExecuteInProcessResult:
     return (
         defs()
         .resolve_job_def(job)
@@ -55,6 +55,7 @@ def run(job: str, first: str, last: str, instance=None) -> dg.ExecuteInProcessRe
             instance=instance or dg.DagsterInstance.ephemeral(),
             tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last},
             raise_on_error=False,
+            run_config=config,
         )
     )
 
@@ -367,12 +368,28 @@ def test_checks_pass_on_the_scenario_and_flag_an_empty_hour_after_gpus(small, in
         "core_columns_reported": True,
         "not_empty_after_gpus": True,
     }
-    # The hour after the scenario ends: Prometheus has nothing, the hour before had GPUs.
-    after = run("gpu_ingest_job", hour(small, small.hours), hour(small, small.hours))
-    assert after.success  # a warning, not a failed run
+    # The hour after the scenario ends: Prometheus has nothing, the hour before had GPUs. An error on the
+    # check (the hour reads downstream as a cluster without GPUs), not a failed run: the data is a fact.
+    last = hour(small, small.hours)
+    after = run("gpu_ingest_job", last, last)
+    assert after.success
     checks = {e.check_name: e for e in after.get_asset_check_evaluations()}
     assert not checks["not_empty_after_gpus"].passed
-    assert checks["not_empty_after_gpus"].severity == dg.AssetCheckSeverity.WARN
+    assert checks["not_empty_after_gpus"].severity == dg.AssetCheckSeverity.ERROR
+    assert (
+        checks["not_empty_after_gpus"].metadata["empty_hours_after_gpus"].value == f"{DAY}T{small.hours:02d}"
+    )
     assert ingested.read_partition(GPU_SAMPLES, f"{DAY}T{small.hours:02d}").num_rows == 0
+    # a run that says GPUs went away on purpose: a warning
+    allowed = {
+        "ops": {name: {"config": {"allow_fewer_rows": True}} for name in ("gpu_samples", "node_samples")}
+    }
+    ingested.delete_partition(GPU_SAMPLES, f"{DAY}T{small.hours:02d}")
+    checks = {
+        e.check_name: e
+        for e in run("gpu_ingest_job", last, last, config=allowed).get_asset_check_evaluations()
+    }
+    assert not checks["not_empty_after_gpus"].passed
+    assert checks["not_empty_after_gpus"].severity == dg.AssetCheckSeverity.WARN
     ingested.delete_partition(GPU_SAMPLES, f"{DAY}T{small.hours:02d}")
     ingested.delete_partition(NODE_SAMPLES, f"{DAY}T{small.hours:02d}")

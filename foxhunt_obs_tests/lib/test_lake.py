@@ -439,3 +439,88 @@ def test_a_killed_writers_temp_files_go_on_the_next_write_of_the_table(lake):
     os.utime(stale, (old, old))
     lake.write_partition(SPEC, H2, _table(2))  # another partition of the same table
     assert not os.path.exists(stale) and os.path.exists(fresh)
+
+
+class _S3Proxy:
+    """An HTTP proxy in front of moto that records each request (method, path, query) and, while `cut`
+    is set, reads half of a PUT's body and drops the connection: a network failure mid-upload."""
+
+    def __init__(self, upstream: str):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        import requests
+
+        proxy = self
+        self.requests: list[tuple[str, str]] = []
+        self.cut = False
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                proxy.requests.append((self.command, self.path))
+                if self.command == "PUT" and proxy.cut:
+                    self.rfile.read(length // 2)
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "expect")}
+                r = requests.request(
+                    self.command, upstream + self.path, data=body, headers=headers, timeout=30
+                )
+                self.send_response(r.status_code)
+                for k, v in r.headers.items():
+                    if k.lower() not in (
+                        "content-length",
+                        "transfer-encoding",
+                        "connection",
+                        "content-encoding",
+                    ):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(r.content)))
+                self.end_headers()
+                self.wfile.write(r.content)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+            def log_message(self, *args):  # quiet test server
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.timeout(120)
+def test_s3_writes_are_one_put_and_a_cut_upload_leaves_nothing(s3_lake, monkeypatch):
+    """Issue 13 §6: a partition over pyarrow's multipart threshold (~10 MiB) goes up as one PutObject, so
+    an upload cut half-way leaves no multipart upload behind, and the old object stays as it was."""
+    _, s3 = s3_lake
+    proxy = _S3Proxy(os.environ["AWS_ENDPOINT_URL"])
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        lake = Lake("s3://bucket/lake")
+        rows = 240_000
+        big = _table(rows).set_column(1, "name", pa.array([os.urandom(48).hex() for _ in range(rows)]))
+        res = lake.write_partition(SPEC, H1, big)
+        assert res.bytes > 12 * 1024**2  # incompressible: over the multipart threshold
+        assert [m for m, _ in proxy.requests] == ["PUT"] and "uploads" not in proxy.requests[0][1]
+        before = s3.get_object(Bucket="bucket", Key=f"lake/things/hour={H1}/part-0.parquet")["ETag"]
+
+        proxy.cut, proxy.requests = True, []
+        with pytest.raises(LakeError, match=f"table things, partition hour={H1}: write failed"):
+            lake.write_partition(SPEC, H1, big.slice(0, rows - 1))
+        assert proxy.requests and {m for m, _ in proxy.requests} == {"PUT"}  # retried, never multipart
+        assert s3.list_multipart_uploads(Bucket="bucket").get("Uploads", []) == []
+        after = s3.get_object(Bucket="bucket", Key=f"lake/things/hour={H1}/part-0.parquet")
+        assert after["ETag"] == before
+        assert pq.read_table(pa.BufferReader(after["Body"].read())).num_rows == rows
+    finally:
+        proxy.close()

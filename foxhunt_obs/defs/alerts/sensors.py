@@ -112,33 +112,82 @@ def alert_sensor(
     )
 
 
-@dg.run_failure_sensor(
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="A failed Dagster run (an ingest, a report) is an alert too: sent to the same sinks.",
-)
-def run_failure_alert(context: dg.RunFailureSensorContext, slack: SlackBotResource):
-    from foxhunt_obs.lib.delivery.alert_sinks import Notification, deliver_all, sinks_from_env
-    from foxhunt_obs.lib.lake import Lake
-    from foxhunt_obs.lib.redact import scrub
+RUN_FAILURE_TICK_SECONDS = 30
+RUNS_PER_TICK = 100  # failed runs read per tick, oldest first: a backlog is worked off over ticks
 
-    run = context.dagster_run
-    now = datetime.now(timezone.utc)
-    # the failure's text as Dagster has it, scrubbed once more: a source error is, an arbitrary one may not be
-    message = scrub(context.failure_event.message or "run failed")
-    note = Notification(
-        rule="dagster_run_failed",
-        fingerprint=run.run_id,
-        status="firing",
-        severity="warning",
-        labels={"job": run.job_name, "run_id": run.run_id},
-        summary=f"Dagster run of {run.job_name} failed",
-        description=message[:2000],
-        value=1.0,
-        starts_at=now,
-        ends_at=None,
-        generator_url=f"{env('FOXHUNT_DAGSTER_URL').rstrip('/')}/runs/{run.run_id}",
+
+def _failed_runs(context: dg.SensorEvaluationContext, after: datetime) -> list:
+    """This code location's runs that failed and were updated after ``after``, oldest first, each with
+    its failure's text (the run's failure and its first failed step's error)."""
+    from foxhunt_obs.lib.alerts.run_failures import FailedRun
+
+    records = context.instance.get_run_records(
+        filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], updated_after=after),
+        order_by="update_timestamp",
+        ascending=True,
+        limit=RUNS_PER_TICK,
     )
-    results = deliver_all(sinks_from_env(Lake(env("FOXHUNT_LAKE")), slack.get_client), [note])
-    failed = {k: v for k, v in results.items() if v}
-    if failed:
-        raise RuntimeError(f"run failure alert for {run.run_id} not delivered: {failed}")
+    repo = context.repository_def
+    failed = []
+    for record in records:
+        run = record.dagster_run
+        if repo is not None and not repo.has_job(run.job_name):
+            continue  # another code location's run: its own sensors report it
+        texts = []
+        for entry in context.instance.all_logs(
+            run.run_id, of_type={dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.STEP_FAILURE}
+        ):
+            event = entry.dagster_event
+            if event.event_type == dg.DagsterEventType.STEP_FAILURE:
+                if len(texts) < 2 and event.step_failure_data and event.step_failure_data.error:
+                    texts.append(f"{event.step_key}: {event.step_failure_data.error.message.strip()}")
+            elif event.message:
+                texts.insert(0, event.message)
+        updated = record.update_timestamp
+        failed.append(
+            FailedRun(
+                run_id=run.run_id,
+                job_name=run.job_name,
+                failed_at=updated.replace(tzinfo=timezone.utc) if updated.tzinfo is None else updated,
+                message="\n".join(texts) or "run failed",
+            )
+        )
+    return failed
+
+
+@dg.sensor(
+    minimum_interval_seconds=RUN_FAILURE_TICK_SECONDS,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=(
+        "A failed Dagster run (an ingest, a report) is an alert too: sent to the same sinks, each until "
+        "it takes it. Its cursor keeps the notices a sink refused."
+    ),
+)
+def run_failure_alert(context: dg.SensorEvaluationContext, lake: LakeResource, slack: SlackBotResource):
+    from foxhunt_obs.lib.alerts import run_failures
+    from foxhunt_obs.lib.delivery.alert_sinks import sinks_from_env
+
+    now = datetime.now(timezone.utc)
+    cursor = run_failures.Cursor.load(context.cursor, now)
+    failed = _failed_runs(context, cursor.after - run_failures.OVERLAP)
+    cursor, report = run_failures.tick(
+        cursor,
+        failed,
+        sinks_from_env(lake.lake(), slack.get_client),
+        now,
+        dagster_url=env("FOXHUNT_DAGSTER_URL"),
+        budget_s=DELIVERY_BUDGET_S,
+        sink_budget_s=SINK_BUDGET_S,
+    )
+    for sink, error in report.failed.items():
+        context.log.error(f"run failure alert: {sink} refused, it gets the notice again next tick: {error}")
+    for dropped in report.dropped:
+        context.log.error(f"run failure alert: dropped, a sink refused it for too long: {dropped}")
+    for n in report.sent:
+        context.log.info(f"run failure alert sent: {n.summary} ({n.fingerprint})")
+    context.update_cursor(cursor.dumps())
+    waiting = len(cursor.pending)
+    return dg.SkipReason(
+        f"{len(report.sent)} failed runs notified"
+        + (f", {waiting} waiting for a sink: {', '.join(sorted(report.failed))}" if waiting else "")
+    )

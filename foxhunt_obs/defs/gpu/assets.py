@@ -42,7 +42,8 @@ GPU_SAMPLES_CHECKS = [
     dg.AssetCheckSpec(
         "not_empty_after_gpus",
         asset="gpu_samples",
-        description="an hour is not empty when the hour before it had GPUs (exporter or Prometheus gone?)",
+        description="an hour is not empty when the hour before it had GPUs (exporter or Prometheus gone?): "
+        "an error, a warning where the run allowed fewer rows (GPU nodes scaled away on purpose)",
     ),
 ]
 
@@ -126,7 +127,7 @@ def gpu_samples(
             )
         },
     )
-    yield from _gpu_checks(tables, store)
+    yield from _gpu_checks(tables, store, allow_fewer_rows=config.allow_fewer_rows)
 
 
 def _gpu_metadata(tables: dict[str, pa.Table], root: str) -> dict:
@@ -157,7 +158,7 @@ def _gpu_metadata(tables: dict[str, pa.Table], root: str) -> dict:
     }
 
 
-def _gpu_checks(tables: dict[str, pa.Table], store):
+def _gpu_checks(tables: dict[str, pa.Table], store, allow_fewer_rows: bool = False):
     con = duckdb.connect(":memory:")
     con.register("t", pa.concat_tables(tables.values()))
     # NaN is a missing reading, not an out-of-range one (DuckDB orders NaN above every number).
@@ -189,8 +190,12 @@ def _gpu_checks(tables: dict[str, pa.Table], store):
     yield dg.AssetCheckResult(
         check_name="not_empty_after_gpus",
         passed=not empty_after_gpus,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={"empty_hours_after_gpus": dg.MetadataValue.text(", ".join(empty_after_gpus) or "none")},
+        # an empty hour reads downstream as a cluster without GPUs: loud, unless the run said it may be
+        severity=dg.AssetCheckSeverity.WARN if allow_fewer_rows else dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "empty_hours_after_gpus": dg.MetadataValue.text(", ".join(empty_after_gpus) or "none"),
+            "allow_fewer_rows": allow_fewer_rows,
+        },
     )
 
 

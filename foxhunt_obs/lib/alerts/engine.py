@@ -49,7 +49,7 @@ def notification(rule: Rule, t: alert_state.Transition, dagster_url: str) -> Not
     )
 
 
-def _key(n: Notification) -> str:
+def transition_key(n: Notification) -> str:
     return f"{n.status}|{n.fingerprint}|{n.starts_at.isoformat()}"
 
 
@@ -103,63 +103,17 @@ def tick(
     by_id = {r.id: r for r in rules}
     state, transitions = alert_state.step(state, evaluation.evaluated, evaluation.findings, now, rules=rules)
     notes = [notification(by_id[t.rule], t, dagster_url) for t in transitions]
-    keys = [_key(n) for n in notes]
+    keys = [transition_key(n) for n in notes]
     took = {k: took.get(k, []) for k in keys}  # transitions gone from the state are forgotten
     names = [sink.name for sink in sinks]
-    posted_now: set[tuple[str, str]] = set()  # (sink, fingerprint) taken during this tick
 
     def out_of_time() -> bool:
         return budget_s is not None and time.monotonic() - started > budget_s
 
-    for sink in sinks:
-        todo = [n for n, k in zip(notes, keys) if sink.name not in took[k]]
-        if not todo:
-            continue
-        if out_of_time():
-            report.failed[sink.name] = f"not tried: the tick ran past its {budget_s:g} s budget"
-            continue
-        if (earlier := _BUSY.get(sink.name)) is not None and earlier.is_alive():
-            # its delivery of an earlier tick was given up but still runs: sending again would duplicate
-            report.failed[sink.name] = "still delivering an earlier tick's notifications"
-            continue
-        if isinstance(sink, LakeAlertSink):  # the table records where each transition went
-            sent_to = sorted({name for n in todo for name in took[_key(n)]} - {sink.name})
-            error, accepted = _send(
-                lambda sink=sink, todo=todo, sent_to=sent_to: sink.send(todo, sent_to=sent_to), sink_budget_s
-            )
-        elif getattr(sink, "takes_deadline", False):  # stops between messages, saying how many it posted
-            stop = None if sink_budget_s is None else time.monotonic() + sink_budget_s * 0.8
-            error, accepted = _send(
-                lambda sink=sink, todo=todo, stop=stop: sink.send(todo, deadline=stop),
-                sink_budget_s,
-                sink.name,
-            )
-        else:
-            error, accepted = _send(lambda sink=sink, todo=todo: sink.send(todo), sink_budget_s, sink.name)
-        # a sink that posts one message per notification (Slack) may take some before it fails: those
-        # are recorded as taken, so the next tick does not post them again
-        for n in todo[: len(todo) if error is None else accepted]:
-            took[_key(n)].append(sink.name)
-            posted_now.add((sink.name, n.fingerprint))
-        if error:
-            report.failed[sink.name] = error
-    # A transition some sink has refused for PENDING_MAX is dropped: the cursor stays bounded, and the
-    # tick's report (the sensor logs it as an error) and the alerts table say so.
-    since = {k: pending_since.get(k, now.isoformat()) for k in keys if not set(names) <= set(took[k])}
-    dropped = set()
-    for n, k in zip(notes, keys):
-        if k in since and now - datetime.fromisoformat(since[k]) > PENDING_MAX:
-            refused = ", ".join(sorted(set(names) - set(took[k])))
-            report.dropped.append(f"{n.status} {n.rule} ({n.summary}): refused by {refused} since {since[k]}")
-            for sink in sinks:  # a row of its own: where it went, and that it was dropped
-                if isinstance(sink, LakeAlertSink) and sink.name in took[k] and not out_of_time():
-                    _send(
-                        lambda sink=sink, n=n, k=k: sink.send([n], sent_to=[*took[k], "dropped"]),
-                        sink_budget_s,
-                    )
-            took[k] = list(names)
-            dropped.add(k)
-            since.pop(k)
+    report.failed, posted_now = deliver(sinks, notes, keys, took, out_of_time, budget_s, sink_budget_s)
+    since, dropped, report.dropped = drop_stale(
+        sinks, notes, keys, took, pending_since, now, out_of_time, sink_budget_s
+    )
     done = [t for t, k in zip(transitions, keys) if set(names) <= set(took[k])]
     state = alert_state.acknowledge(state, done)
     report.sent = [n for n, k in zip(notes, keys) if set(names) <= set(took[k]) and k not in dropped]
@@ -172,13 +126,121 @@ def tick(
     return json.dumps(cursor_doc, separators=(",", ":")), report
 
 
-_BUSY: dict[str, threading.Thread] = {}  # sink -> a delivery given up at its deadline that still runs
+def deliver(
+    sinks: list,
+    notes: list[Notification],
+    keys: list[str],
+    took: dict[str, list[str]],
+    out_of_time,
+    budget_s: float | None = None,
+    sink_budget_s: float | None = None,
+    owner: str = "alerts",
+) -> tuple[dict[str, str], set[tuple[str, str]]]:
+    """Send each sink the notifications it has not taken yet (``took``: key -> sinks that took it, updated
+    in place). Returns sink -> error (it gets the rest next tick) and the (sink, fingerprint) pairs taken
+    now. A sink not started before ``out_of_time()`` waits for the next tick; one sink's delivery is given
+    up after ``sink_budget_s``, and what it took once it ended is recorded on a later tick (``owner``:
+    whose cursor holds those keys, one per sensor)."""
+    failed: dict[str, str] = {}
+    posted_now: set[tuple[str, str]] = set()
+    for sink in sinks:
+        todo = [n for n, k in zip(notes, keys) if sink.name not in took[k]]
+        if not todo:
+            continue
+        if out_of_time():
+            failed[sink.name] = f"not tried: the tick ran past its {budget_s:g} s budget"
+            continue
+        if (late := _BUSY.get((owner, sink.name))) is not None:
+            if late.worker.is_alive():
+                # its delivery of an earlier tick was given up but still runs: sending again would duplicate
+                failed[sink.name] = "still delivering an earlier tick's notifications"
+                continue
+            del _BUSY[(owner, sink.name)]
+            error, accepted = late.result[0] if late.result else ("lost", 0)
+            for k in late.keys[: len(late.keys) if error is None else accepted]:  # what it took after all
+                if k in took and sink.name not in took[k]:
+                    took[k].append(sink.name)
+            todo = [n for n, k in zip(notes, keys) if sink.name not in took[k]]
+            if not todo:
+                continue
+        if isinstance(sink, LakeAlertSink):  # the table records where each transition went
+            sent_to = sorted({name for n in todo for name in took[transition_key(n)]} - {sink.name})
+            error, accepted = _send(
+                lambda sink=sink, todo=todo, sent_to=sent_to: sink.send(todo, sent_to=sent_to), sink_budget_s
+            )
+        elif getattr(sink, "takes_deadline", False):  # stops between messages, saying how many it posted
+            stop = None if sink_budget_s is None else time.monotonic() + sink_budget_s * 0.8
+            error, accepted = _send(
+                lambda sink=sink, todo=todo, stop=stop: sink.send(todo, deadline=stop),
+                sink_budget_s,
+                (owner, sink.name, [transition_key(n) for n in todo]),
+            )
+        else:
+            error, accepted = _send(
+                lambda sink=sink, todo=todo: sink.send(todo),
+                sink_budget_s,
+                (owner, sink.name, [transition_key(n) for n in todo]),
+            )
+        # a sink that posts one message per notification (Slack) may take some before it fails: those
+        # are recorded as taken, so the next tick does not post them again
+        for n in todo[: len(todo) if error is None else accepted]:
+            took[transition_key(n)].append(sink.name)
+            posted_now.add((sink.name, n.fingerprint))
+        if error:
+            failed[sink.name] = error
+    return failed, posted_now
 
 
-def _send(fn, timeout_s: float | None = None, sink: str = "") -> tuple[str | None, int]:
+def drop_stale(
+    sinks: list,
+    notes: list[Notification],
+    keys: list[str],
+    took: dict[str, list[str]],
+    pending_since: dict[str, str],
+    now: datetime,
+    out_of_time,
+    sink_budget_s: float | None = None,
+) -> tuple[dict[str, str], set[str], list[str]]:
+    """A transition some sink has refused for PENDING_MAX is dropped: the cursor stays bounded, and the
+    caller's log and the alerts table say so. Marks dropped ones as taken by every sink (``took``, in
+    place); returns since-when each still pending one is pending, the dropped keys and what to log."""
+    names = [sink.name for sink in sinks]
+    since = {k: pending_since.get(k, now.isoformat()) for k in keys if not set(names) <= set(took[k])}
+    dropped, messages = set(), []
+    for n, k in zip(notes, keys):
+        if k in since and now - datetime.fromisoformat(since[k]) > PENDING_MAX:
+            refused = ", ".join(sorted(set(names) - set(took[k])))
+            messages.append(f"{n.status} {n.rule} ({n.summary}): refused by {refused} since {since[k]}")
+            for sink in sinks:  # a row of its own: where it went, and that it was dropped
+                if isinstance(sink, LakeAlertSink) and sink.name in took[k] and not out_of_time():
+                    _send(
+                        lambda sink=sink, n=n, k=k: sink.send([n], sent_to=[*took[k], "dropped"]),
+                        sink_budget_s,
+                    )
+            took[k] = list(names)
+            dropped.add(k)
+            since.pop(k)
+    return since, dropped, messages
+
+
+@dataclass
+class _Late:
+    """A delivery given up at its deadline that may still end: its thread, its result once it has one,
+    and the keys of the transitions it carries."""
+
+    worker: threading.Thread
+    result: list
+    keys: list[str]
+
+
+_BUSY: dict[tuple[str, str], _Late] = {}  # (owner, sink) -> its given-up delivery
+
+
+def _send(fn, timeout_s: float | None = None, late: tuple | None = None) -> tuple[str | None, int]:
     """(error or None, how many notifications from the first the sink took before its error). With
     `timeout_s`, the delivery runs in a thread of its own and is given up after that long, whatever the
-    sink's socket timeouts do (a webhook dripping one byte every 2 s never trips a read timeout)."""
+    sink's socket timeouts do (a webhook dripping one byte every 2 s never trips a read timeout). `late`:
+    (owner, sink, keys) to remember a given-up delivery by, so a later tick learns what it took."""
     result: list[tuple[str | None, int]] = []
 
     def run() -> None:
@@ -198,9 +260,10 @@ def _send(fn, timeout_s: float | None = None, sink: str = "") -> tuple[str | Non
     worker = threading.Thread(target=run, name="alert-sink", daemon=True)
     worker.start()
     worker.join(timeout_s)
-    if not result:  # still sending: given up; it gets the transitions again once this thread is done
-        if sink:
-            _BUSY[sink] = worker
+    if not result:  # still sending: given up; a later tick records what it took once it is done
+        if late:
+            owner, sink, keys = late
+            _BUSY[(owner, sink)] = _Late(worker, result, keys)
         return f"no answer within the tick's {timeout_s:g} s for one sink: left for a later tick", 0
     return result[0]
 

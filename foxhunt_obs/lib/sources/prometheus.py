@@ -16,6 +16,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,6 +32,56 @@ from foxhunt_obs.lib.redact import redact_url, scrub, split_userinfo
 
 _RETRY_STATUS = {502, 503, 504}  # a proxy's bad gateway / gateway timeout, an overloaded Prometheus
 _READ_S = 10.0  # the longest one socket read may wait (within the total deadline)
+_DEADLINE = threading.local()  # .at: the monotonic deadline of this thread's request in flight
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed: the wait it would end has ended
+
+
+class _Watchdog:
+    """Mixin for urllib3's connections: the wait for the status line and headers ends at the request's
+    deadline, not only after one silent socket read (a proxy dripping header bytes never times out)."""
+
+    def getresponse(self, *args, **kwargs):
+        at = getattr(_DEADLINE, "at", None)
+        timer = None
+        if at is not None and self.sock is not None:
+            timer = threading.Timer(max(0.0, at - time.monotonic()), _shutdown, (self.sock,))
+            timer.daemon = True
+            timer.start()
+        try:
+            return super().getresponse(*args, **kwargs)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+
+class _HTTPConnection(_Watchdog, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Watchdog, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+class _Adapter(requests.adapters.HTTPAdapter):
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
+
+
 _HINTS = {
     400: "the window has too many points per series: lower FOXHUNT_PROMETHEUS_MAX_POINTS",
     422: "too many samples or a timeout: lower FOXHUNT_PROMETHEUS_MAX_POINTS or raise Prometheus's "
@@ -220,6 +272,8 @@ class PrometheusClient:
         self.max_points = max_points
         self.retries = retries
         self._session = requests.Session()
+        for scheme in ("http://", "https://"):
+            self._session.mount(scheme, _Adapter())
         self._session.auth = auth
         # identity by default: on a LAN, gzip costs Prometheus more CPU than it saves in transfer.
         self._session.headers["Accept-Encoding"] = "gzip" if gzip else "identity"
@@ -246,15 +300,21 @@ class PrometheusClient:
             left = deadline - time.monotonic()
             read_s = max(0.05, min(_READ_S, left))
             try:
-                # POST: long PromQL does not fit in a URL; Prometheus accepts form-encoded parameters.
-                r = self._session.post(
-                    f"{self._base}{path}",
-                    data=params,
-                    headers=self._headers,
-                    timeout=(max(0.05, min(3.05, left)), read_s),
-                    stream=True,
-                )
+                _DEADLINE.at = deadline
+                try:
+                    # POST: long PromQL does not fit in a URL; Prometheus accepts form-encoded parameters.
+                    r = self._session.post(
+                        f"{self._base}{path}",
+                        data=params,
+                        headers=self._headers,
+                        timeout=(max(0.05, min(3.05, left)), read_s),
+                        stream=True,
+                    )
+                finally:
+                    _DEADLINE.at = None
             except (requests.ConnectionError, requests.Timeout) as e:
+                if time.monotonic() >= deadline:  # the watchdog cut a wait for the headers
+                    raise describe(self._late()) from None
                 if attempt == self.retries or time.monotonic() + delay >= deadline:
                     raise describe(f"cannot connect after {attempt} tries: {scrub(str(e))}") from None
             else:
@@ -269,14 +329,17 @@ class PrometheusClient:
             delay *= 2
         raise AssertionError("unreachable")
 
+    def _late(self) -> str:
+        return (
+            f"no complete answer within {self.timeout_s:g} s (FOXHUNT_PROMETHEUS_TIMEOUT, the whole "
+            "request): Prometheus or a proxy is stalling"
+        )
+
     def _read(self, r: requests.Response, deadline: float, on_chunk, describe) -> None:
         try:
             while True:
                 if time.monotonic() > deadline:
-                    raise describe(
-                        f"no complete answer within {self.timeout_s:g} s (FOXHUNT_PROMETHEUS_TIMEOUT, the "
-                        "whole request): Prometheus or a proxy is stalling"
-                    )
+                    raise describe(self._late())
                 chunk = r.raw.read1(1 << 20, decode_content=True)
                 if not chunk:
                     return
