@@ -91,8 +91,9 @@ def test_recording_rules_give_canonical_series(live):
 def test_gpu_samples_ingest_the_exporter_series(live):
     _, client, _ = live
     _wait(client, "count(foxhunt_gpu_utilization_percent)", lambda r: r and r[0][1] >= GPUS - 1)
-    end = float(int(time.time()))
-    window = Window(end - 8, end, 1.0, "gpu_samples live")
+    # 20 s ending a second ago: under load, a scrape or two may be late, and the last one not in yet
+    end = float(int(time.time()) - 1)
+    window = Window(end - 20, end, 1.0, "gpu_samples live")
     table = collect_gpu_samples(client, load_catalog(), window, node_labels=("node", "Hostname", "hostname"))
     df = table.to_pandas()
     assert len(df) > 0
