@@ -261,6 +261,12 @@ def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
                 "rows_remapped_uncorrectable_total": np.zeros(n_rows),
                 "rows_remapped_correctable_total": np.zeros(n_rows),
                 "row_remap_failure": np.zeros(n_rows),
+                # profiling fields on (SM activity uncommented in the counters file): both activity bases
+                "sm_active": cells(np.round(util * 0.8, 3)),
+                "tensor_active": cells(np.round(util * 0.5, 3)),
+                "vgpu": dictionary(np.full(n_rows, -1), lambda x: ""),
+                "step_share": np.ones(n_rows),  # no time-slicing: one row per GPU and step
+                "run_id": dictionary(np.full(n_rows, -1), lambda x: ""),
             },
             schema=GPU_SAMPLES.schema,
         )
@@ -665,7 +671,7 @@ def run_ours(root: str) -> dict:
 PANDAS_COLUMNS = [
     "ts", "node", "gpu", "uuid", "model", "namespace", "pod", "experiment", "util", "step_seconds",
     "energy_joules", "temp_celsius", "power_watts", "mem_used_bytes", "ecc_sbe_total", "ecc_dbe_total",
-    "util_basis",
+    "util_basis", "sm_active", "tensor_active",
 ]  # fmt: skip
 
 
@@ -698,11 +704,21 @@ def run_pandas(root: str, out_root: str) -> dict:
         d = df.groupby("uuid", observed=True, sort=False)[col].diff()
         df[name] = np.where(d < 0, df[col], d)
     df["hour"] = df["ts"].dt.floor("h")
-    is_held = (df["pod"] != "").to_numpy()
+    # per holder: each pod that held the GPU in the hour is a row, the unheld rest a row with pod ''
+    # (the bench's cluster has no time-slicing: one row per GPU and step, step_share 1)
+    for c in ("namespace", "pod"):
+        df[c] = df[c].astype(str)
+    held = df["pod"] != ""
+    df["experiment"] = np.where(held, df["experiment"].astype(str), "unattributed")
     df["active"] = df["util"] * df["step_seconds"]
-    df["held_s"] = np.where(is_held, df["step_seconds"], 0.0)
+    df["held_s"] = np.where(held, df["step_seconds"], 0.0)
     df["known_s"] = np.where(df["util"].notna(), df["step_seconds"], 0.0)
-    keys = ["hour", "node", "gpu", "uuid"]
+    df["watt_s"] = df["power_watts"] * df["step_seconds"]
+    df["sm_s"] = df["sm_active"] * df["step_seconds"]
+    df["sm_known_s"] = np.where(df["sm_active"].notna(), df["step_seconds"], 0.0)
+    df["tensor_s"] = df["tensor_active"] * df["step_seconds"]
+    unit = ["hour", "node", "gpu", "uuid"]
+    keys = [*unit, "namespace", "pod", "experiment"]
     g = df.groupby(keys, observed=True, sort=True)
     out = g.agg(
         model=("model", "first"),
@@ -712,6 +728,7 @@ def run_pandas(root: str, out_root: str) -> dict:
         active_gpu_seconds=("active", "sum"),
         held_seconds=("held_s", "sum"),
         energy_j=("inc_energy", "sum"),
+        watt_s=("watt_s", "sum"),
         temp_max_celsius=("temp_celsius", "max"),
         power_mean_watts=("power_watts", "mean"),
         mem_used_max_bytes=("mem_used_bytes", "max"),
@@ -719,27 +736,22 @@ def run_pandas(root: str, out_root: str) -> dict:
         ecc_dbe_delta=("inc_dbe", "sum"),
         activity_seconds=("known_s", "sum"),
         util_basis=("util_basis", "first"),
+        sm_active_gpu_seconds=("sm_s", "sum"),
+        sm_activity_seconds=("sm_known_s", "sum"),
+        tensor_active_gpu_seconds=("tensor_s", "sum"),
     )
     out["util_p95"] = g["util"].quantile(0.95)
-    out["energy_kwh"] = out.pop("energy_j") / 3.6e6
-    # the holder: the pod seen most in the hour (ties: the first by name); pods_seen: distinct pods
-    held = df.loc[is_held, [*keys, "pod", "namespace", "experiment"]]
-    counts = (
-        held.groupby([*keys, "pod", "namespace", "experiment"], observed=True)
-        .size()
-        .rename("n")
-        .reset_index()
-    )
-    counts["pod"] = counts["pod"].astype(str)
-    pods_seen = counts.groupby(keys, observed=True).size().rename("pods_seen")
-    holders = counts.sort_values(["n", "pod"], ascending=[False, True]).drop_duplicates(keys).set_index(keys)
-    out = out.join(holders[["pod", "namespace", "experiment"]]).join(pods_seen).reset_index()
+    out = out.reset_index()
+    # the unit-hour's energy goes to its holders by the power each drew over its seconds
+    per_unit = out.groupby(unit, observed=True)
+    out["device_seconds"] = per_unit["seconds_with_data"].transform("sum")
+    share = out["watt_s"] / per_unit["watt_s"].transform("sum")
+    out["energy_kwh"] = per_unit["energy_j"].transform("sum") * share / 3.6e6
+    out["pods_seen"] = (out["pod"] != "").groupby([out[c] for c in unit]).transform("sum").astype("int32")
+    out = out.drop(columns=["energy_j", "watt_s"])
     for c in ("node", "uuid", "model", "namespace", "experiment"):
         out[c] = out[c].astype(object)
-    out["pod"] = out["pod"].fillna("")
-    out["namespace"] = out["namespace"].fillna("")
-    out["experiment"] = out["experiment"].fillna("unattributed")
-    out["pods_seen"] = out["pods_seen"].fillna(0).astype("int32")
+    out["run_id"] = ""
     # the bench's cluster has no MIG: whole GPUs (the lake's own SQL handles slices)
     out["gpu_instance"], out["gpu_profile"], out["gpu_share"] = None, "", 1.0
     out["util_basis"] = out["util_basis"].astype(object)
@@ -770,7 +782,7 @@ def compare_gpu_hourly(ours_root: str, pandas_root: str) -> dict:
 
     def load(root):
         t = pq.read_table(f"{root}/gpu_hourly").drop_columns(["day"]).to_pandas()
-        return t.sort_values(["hour", "node", "gpu", "uuid"]).reset_index(drop=True)
+        return t.sort_values(["hour", "node", "gpu", "uuid", "namespace", "pod"]).reset_index(drop=True)
 
     a, b = load(ours_root), load(pandas_root)
     if len(a) != len(b):
@@ -788,11 +800,14 @@ def compare_gpu_hourly(ours_root: str, pandas_root: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ driver
-def child(args: list[str], timeout: float | None = None) -> dict | None:
+def child(args: list[str], timeout: float | None = None, pythonpath: str | None = None) -> dict | None:
+    """This script in a process of its own; ``pythonpath``: import foxhunt_obs from that checkout."""
+    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
     try:
         out = subprocess.run(
-            [sys.executable, __file__, *args], capture_output=True, text=True, check=True, timeout=timeout
-        )
+            [sys.executable, __file__, *args], capture_output=True, text=True, check=True, timeout=timeout,
+            env=env,
+        )  # fmt: skip
     except subprocess.TimeoutExpired:
         return None
     except subprocess.CalledProcessError as e:
@@ -854,6 +869,14 @@ def main() -> None:
         "sizes": {},
     }
     per_row_mb = None
+    # FOXHUNT_BENCH_BASELINE=<git rev>: the same stages with that revision's code, in the same run, on the
+    # same lake (e.g. the commit before a change of grain), so the ratio is not across machines or loads
+    baseline_rev = os.environ.get("FOXHUNT_BENCH_BASELINE", "")
+    baseline_dir = tempfile.mkdtemp(prefix="foxhunt-bench-baseline-") if baseline_rev else None
+    if baseline_rev:
+        subprocess.run(["git", "worktree", "add", "--detach", baseline_dir, baseline_rev], check=True,
+                       capture_output=True, cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
+        result["baseline"] = {"rev": baseline_rev}
     for gpus in SIZES:
         load_before = os.getloadavg()[0]
         with tempfile.TemporaryDirectory(prefix=f"foxhunt-bench-report-{gpus}-") as work:
@@ -877,8 +900,25 @@ def main() -> None:
                     break
                 pandas_runs.append(r)
             check = compare_gpu_hourly(lake_dir, pandas_dir) if pandas_runs else None
+            # last: the baseline rewrites the lake's derived tables in its own grain
+            base_runs = [
+                child(["--method", "ours", "--lake", lake_dir], pythonpath=baseline_dir)
+                for _ in range(RUNS if baseline_dir else 0)
+            ]
         ours = summarize(ours_runs)
         entry: dict = {"lake": lake_info, "ours": ours}
+        if base_runs:
+            base = summarize(base_runs)
+            entry["baseline"] = {k: base[k] for k in ("total_s_median", "stages_s_median", "peak_rss_mb")}
+            entry["ours_over_baseline"] = {
+                "total_seconds": round(ours["total_s_median"] / base["total_s_median"], 2),
+                "peak_rss": round(ours["peak_rss_mb"] / base["peak_rss_mb"], 2),
+            }
+            print(
+                f"{gpus} GPUs: ours {ours['total_s_median']} s, {ours['peak_rss_mb']} MB; baseline "
+                f"{baseline_rev[:10]} {base['total_s_median']} s, {base['peak_rss_mb']} MB",
+                file=sys.stderr,
+            )
         if pandas_runs:
             p_med = statistics.median(r["seconds"] for r in pandas_runs)
             entry["pandas_gpu_hourly"] = {
@@ -913,6 +953,9 @@ def main() -> None:
         entry["load_average_1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
         result["sizes"][str(gpus)] = entry
 
+    if baseline_dir:
+        subprocess.run(["git", "worktree", "remove", "--force", baseline_dir], capture_output=True,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
     small, big = result["sizes"]["64"]["ours"], result["sizes"]["512"]["ours"]
     result["growth_512_over_64"] = {
         "gpus": 8.0,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class ErrorCode(enum.IntEnum):
@@ -91,8 +91,9 @@ class NvmlError(Exception):
         return f"{self.code.name}: {base}" if base != self.code.name else base
 
 
-# Metric groups the poller reads per GPU: each is one backend method of the same name, and the unit of
-# "not supported" bookkeeping. `memory_v2` is the v2 memory call, remembered separately from v1.
+# Metric groups the poller reads per GPU: each is one backend method of the same name (`gpm`: the three
+# gpm_* methods), and the unit of "not supported" bookkeeping. `memory_v2` is the v2 memory call,
+# remembered separately from v1.
 METRICS = (
     "memory",
     "utilization",
@@ -105,8 +106,10 @@ METRICS = (
     "pcie_replays",
     "nvlink",
     "remapped_rows",
+    "gpm",
 )
 MEMORY_V2 = "memory_v2"
+GPM = "gpm"
 
 # nvmlClocksEventReason* bits (nvml.h) -> the `reason` label of foxhunt_gpu_clock_event_active.
 CLOCK_EVENT_REASONS = (
@@ -172,6 +175,18 @@ class RemappedRows:
 
 
 @dataclass(frozen=True)
+class GpmActivity:
+    """NVML GPM metrics between two samples (Hopper and later), as 0..1 ratios; None: that metric refused."""
+
+    sm: float | None  # NVML_GPM_METRIC_SM_UTIL: share of SMs that were busy
+    tensor: float | None  # NVML_GPM_METRIC_ANY_TENSOR_UTIL: share of time SMs ran any tensor operation
+    graphics: float | None  # NVML_GPM_METRIC_GRAPHICS_UTIL: share of time any compute/graphics app was active
+
+
+GpmSample = Any  # opaque: a backend's sample buffer, handed back to that backend only
+
+
+@dataclass(frozen=True)
 class XidEvent:
     gpu: int  # index
     xid: int
@@ -202,5 +217,9 @@ class Backend(Protocol):
     def pcie_replays(self, gpu: int) -> int: ...
     def nvlink(self, gpu: int) -> Nvlink: ...
     def remapped_rows(self, gpu: int) -> RemappedRows: ...
+    # GPM metrics are rates between two samples: the caller keeps the previous sample, frees every one.
+    def gpm_sample(self, gpu: int) -> GpmSample: ...  # NOT_SUPPORTED where the GPU has no GPM
+    def gpm_activity(self, gpu: int, earlier: GpmSample, later: GpmSample) -> GpmActivity: ...
+    def gpm_free(self, sample: GpmSample) -> None: ...
     def register_xid_events(self) -> None: ...
     def wait_xid_event(self, timeout_s: float) -> XidEvent | None: ...

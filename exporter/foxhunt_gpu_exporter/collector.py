@@ -3,6 +3,9 @@
 `collect()` reads the current Snapshot, the XID and error counters and the pod mapping: all in memory,
 never the backend and never the kubelet, so a scrape cannot hang on the device. What each per-GPU
 family is and where its value comes from is the table GPU_FAMILIES (data, like dcgm-exporter's CSV).
+
+A GPU shared by several pods (time-slicing replicas) gets every per-GPU series once per pod holding it,
+each with that pod's labels and `vgpu` = its replica, as dcgm-exporter's --kubernetes-virtual-gpus does.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from .poller import ErrorCounts
 from .snapshot import POLL_BUCKETS, GpuReading, Snapshot
 
 GPU_LABELS = ("gpu", "uuid", "hostname", "model")
-POD_LABELS = ("pod", "namespace", "container")
+POD_LABELS = ("pod", "namespace", "container", "vgpu")  # vgpu: time-slicing replica, "" on an unshared GPU
+NO_POD = ("",) * len(POD_LABELS)  # a GPU no pod holds: one series, empty pod labels
 Values = Callable[[GpuReading], Iterable[tuple[tuple[str, ...], float]]]
 
 
@@ -116,6 +120,16 @@ GPU_FAMILIES = (
               "NVLink data bytes over all links since the driver loaded.", _nvlink, ("direction",)),
     GpuFamily("foxhunt_gpu_remapped_rows_total", "counter", "",
               "Memory rows remapped, by the kind of error that caused it.", _remapped, ("cause",)),
+    # NVML GPM (Hopper and later): averages over the interval between two polls, so none on the first poll.
+    GpuFamily("foxhunt_gpu_sm_active_ratio", "gauge", "ratio",
+              "Share of SMs that were busy between the last two polls (NVML GPM SM_UTIL, 0-1).",
+              one(lambda g: g.gpm and g.gpm.sm)),
+    GpuFamily("foxhunt_gpu_tensor_active_ratio", "gauge", "ratio",
+              "Share of time the SMs ran any tensor operation between the last two polls (NVML GPM "
+              "ANY_TENSOR_UTIL, 0-1).", one(lambda g: g.gpm and g.gpm.tensor)),
+    GpuFamily("foxhunt_gpu_gr_engine_active_ratio", "gauge", "ratio",
+              "Share of time any compute/graphics context was active between the last two polls (NVML GPM "
+              "GRAPHICS_UTIL, 0-1).", one(lambda g: g.gpm and g.gpm.graphics)),
 )  # fmt: skip
 
 
@@ -141,7 +155,7 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
         names = GPU_LABELS + (POD_LABELS if self._pods is not None else ())
-        labels = {g.index: self._labels(snap, g) for g in snap.gpus}
+        holders = {g.index: self._holders(snap, g) for g in snap.gpus}
         up = [g for g in snap.gpus if g.up]
 
         info = GaugeMetricFamily("foxhunt_gpu_info", "GPU identity; always 1.",
@@ -153,33 +167,39 @@ class SnapshotCollector(Collector):
         yield info
         up_family = GaugeMetricFamily("foxhunt_gpu_up", "1 if the GPU answered the last poll, else 0.", labels=names)
         for g in snap.gpus:
-            up_family.add_metric(labels[g.index], 1.0 if g.up else 0.0)
+            for base in holders[g.index]:
+                up_family.add_metric(base, 1.0 if g.up else 0.0)
         yield up_family
 
         for spec in GPU_FAMILIES:
             family = _family(spec.name, spec.kind, spec.help, names + spec.extra_labels, spec.unit)
             for g in up:
-                base = labels[g.index]
-                for extra, value in spec.values(g):
-                    family.add_metric(base + extra, value)
+                values = tuple(spec.values(g))  # read once: the same device values go to every holder
+                for base in holders[g.index]:
+                    for extra, value in values:
+                        family.add_metric(base + extra, value)
             if family.samples:
                 yield family
 
         xid = CounterMetricFamily("foxhunt_gpu_xid_errors", "XID critical errors reported by the driver.",
                                   labels=names + ("xid",))  # fmt: skip
         for (gpu, code), count in self._xids.items():
-            base = labels.get(gpu) or (str(gpu), "", snap.hostname, "") + ("",) * (len(names) - 4)
-            xid.add_metric(base + (str(code),), count)
+            unknown = ((str(gpu), "", snap.hostname, "") + ("",) * (len(names) - 4),)
+            for base in holders.get(gpu) or unknown:
+                xid.add_metric(base + (str(code),), count)
         yield xid
         yield from self._self_metrics(snap)
 
-    def _labels(self, snap: Snapshot, g: GpuReading) -> tuple[str, ...]:
+    def _holders(self, snap: Snapshot, g: GpuReading) -> tuple[tuple[str, ...], ...]:
+        """The label values of each series of one GPU: one per pod holding it, or one with no pod."""
         uuid, model = (g.identity.uuid, g.identity.model) if g.identity else ("", "")
         labels = (str(g.index), uuid, snap.hostname, model)
         if self._pods is None:
-            return labels
-        ref = self._pods.pod_for(uuid, g.index)
-        return labels + ((ref.pod, ref.namespace, ref.container) if ref else ("", "", ""))
+            return (labels,)
+        refs = self._pods.pods_for(uuid, g.index)
+        if not refs:
+            return (labels + NO_POD,)
+        return tuple(labels + (r.pod, r.namespace, r.container, r.vgpu) for r in refs)
 
     def _self_metrics(self, snap: Snapshot) -> Iterator[Metric]:
         polls = snap.polls

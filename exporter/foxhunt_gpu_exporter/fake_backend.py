@@ -9,6 +9,7 @@ Times (`at`, `until`) are seconds since the backend was created (or since `clock
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -21,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from .backend import (
+    GPM,
     MEMORY_V2,
     METRICS,
     Clocks,
     Ecc,
     ErrorCode,
+    GpmActivity,
     GpuIdentity,
     Memory,
     Nvlink,
@@ -37,15 +40,18 @@ from .backend import (
 
 GIB = 1 << 30
 MHZ = 1_000_000
-# model -> (memory bytes, power limit W, max SM MHz, memory MHz, has NVLink)
+# model -> (memory bytes, power limit W, max SM MHz, memory MHz, has NVLink, has GPM (Hopper and later))
 MODELS = {
-    "NVIDIA A100-SXM4-80GB": (80 * GIB, 400.0, 1410, 1593, True),
-    "NVIDIA A100-SXM4-40GB": (40 * GIB, 400.0, 1410, 1215, True),
-    "NVIDIA A100 80GB PCIe": (80 * GIB, 300.0, 1410, 1512, False),
-    "NVIDIA H100 80GB HBM3": (80 * GIB, 700.0, 1980, 2619, True),
-    "NVIDIA H200": (143_771 * (1 << 20), 700.0, 1980, 3201, True),
-    "NVIDIA L4": (23_034 * (1 << 20), 72.0, 2040, 6251, False),
+    "NVIDIA A100-SXM4-80GB": (80 * GIB, 400.0, 1410, 1593, True, False),
+    "NVIDIA A100-SXM4-40GB": (40 * GIB, 400.0, 1410, 1215, True, False),
+    "NVIDIA A100 80GB PCIe": (80 * GIB, 300.0, 1410, 1512, False, False),
+    "NVIDIA H100 80GB HBM3": (80 * GIB, 700.0, 1980, 2619, True, True),
+    "NVIDIA H200": (143_771 * (1 << 20), 700.0, 1980, 3201, True, True),
+    "NVIDIA L4": (23_034 * (1 << 20), 72.0, 2040, 6251, False, False),
 }
+# GPM activity as shares of the graphics engine's (= utilization): a kernel running does not keep every SM
+# busy, and a busy SM does not always run tensor instructions. So tensor <= SM <= utilization.
+GPM_SM_SHARE, GPM_TENSOR_SHARE = 0.85, 0.6
 DEFAULT_SCENARIO: dict[str, Any] = {
     "gpus": 8,
     "model": "NVIDIA A100-SXM4-80GB",
@@ -64,6 +70,13 @@ SCENARIO_KEYS = {
     "load_per_gpu", "faults", "name", "description",
 }  # fmt: skip
 LOAD_KEYS = {"base", "amplitude", "period_s", "noise"}
+
+
+@dataclass(frozen=True)
+class FakeGpmSample:
+    gpu: int
+    t: float  # scenario time it was taken
+    serial: int  # identifies it among the live samples (freed ones are refused, like a dangling pointer)
 
 
 @dataclass(frozen=True)
@@ -147,10 +160,10 @@ class FakeBackend:
             raise ValueError(f"fake scenario: gpus must be a whole number from 0 to {MAX_GPUS}, got {gpus!r}")
         self.gpus = gpus
         self.model = str(sc["model"])
-        mem, limit, sm_mhz, mem_mhz, nvlink = MODELS.get(self.model, MODELS["NVIDIA A100-SXM4-80GB"])
+        mem, limit, sm_mhz, mem_mhz, nvlink, gpm = MODELS.get(self.model, MODELS["NVIDIA A100-SXM4-80GB"])
         self.memory_total = int(sc.get("memory_total_bytes") or mem)
         self.power_limit = float(sc.get("power_limit_watts") or limit)
-        self._sm_hz, self._mem_hz, self._has_nvlink = sm_mhz * MHZ, mem_mhz * MHZ, nvlink
+        self._sm_hz, self._mem_hz, self._has_nvlink, self._has_gpm = sm_mhz * MHZ, mem_mhz * MHZ, nvlink, gpm
         self._driver = str(sc["driver"])
         self._hostname = sc.get("hostname")
         base_load = {**DEFAULT_SCENARIO["load"], **sc.get("load", {})}
@@ -172,6 +185,8 @@ class FakeBackend:
         # integrated counters: gpu -> (t, value)
         self._energy = {i: (None, 1.0e6 * (i + 1)) for i in range(self.gpus)}
         self._nvlink = {i: (None, 0.0) for i in range(self.gpus)}
+        self._gpm_serials = itertools.count(1)
+        self.gpm_live: set[int] = set()  # serials of GPM samples handed out, not freed yet (leak tests)
         self.calls: Counter[str] = Counter()
         self.call_threads: dict[str, set[str]] = defaultdict(set)
 
@@ -344,6 +359,32 @@ class FakeBackend:
         t = self._enter("remapped_rows", gpu, "remapped_rows")
         dbe = self._bursts("ecc_dbe", gpu, t)  # an uncorrectable error remaps a row; pending until reset
         return RemappedRows(correctable=0, uncorrectable=dbe, pending=dbe > 0, failed=False)
+
+    def gpm_sample(self, gpu: int) -> FakeGpmSample:
+        t = self._enter("gpm_sample", gpu, GPM)
+        if not self._has_gpm:
+            raise NvmlError(ErrorCode.NOT_SUPPORTED, f"gpm_sample: {self.model} has no GPM (fake)")
+        sample = FakeGpmSample(gpu=gpu, t=t, serial=next(self._gpm_serials))
+        with self._lock:
+            self.gpm_live.add(sample.serial)
+        return sample
+
+    def gpm_activity(self, gpu: int, earlier: FakeGpmSample, later: FakeGpmSample) -> GpmActivity:
+        self._enter("gpm_activity", gpu, GPM)
+        for s in (earlier, later):
+            if s.serial not in self.gpm_live or s.gpu != gpu:
+                raise NvmlError(
+                    ErrorCode.INVALID_ARGUMENT, f"gpm_activity: {s} is not a live sample of GPU {gpu}"
+                )
+        graphics = round(self._util(gpu, later.t)) / 100.0  # what utilization() reports at that time
+        return GpmActivity(sm=graphics * GPM_SM_SHARE, tensor=graphics * GPM_TENSOR_SHARE, graphics=graphics)
+
+    def gpm_free(self, sample: FakeGpmSample) -> None:
+        self._enter("gpm_free")
+        with self._lock:
+            if sample.serial not in self.gpm_live:
+                raise NvmlError(ErrorCode.INVALID_ARGUMENT, f"gpm_free: sample {sample} freed twice")
+            self.gpm_live.discard(sample.serial)
 
     def register_xid_events(self) -> None:
         self._enter("register_xid_events")

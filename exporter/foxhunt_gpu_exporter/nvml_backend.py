@@ -21,6 +21,8 @@ from .backend import (
     Clocks,
     Ecc,
     ErrorCode,
+    GpmActivity,
+    GpmSample,
     GpuIdentity,
     Memory,
     Nvlink,
@@ -37,6 +39,14 @@ NVLINK_FIELDS = (
     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
 )
+
+# GpmActivity field -> the GPM metric read for it (each 0.0-100.0 percent, pynvml.py's comments).
+GPM_METRICS = (
+    ("sm", pynvml.NVML_GPM_METRIC_SM_UTIL),
+    ("tensor", pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
+    ("graphics", pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL),
+)
+PERCENT = 100.0
 
 
 def _text(value: Any) -> str:
@@ -73,6 +83,8 @@ class NvmlBackend:
     def __init__(self) -> None:
         self._handles: list[Any] = []  # by NVML index; None where the handle could not be had (yet)
         self._by_address: dict[int, int] = {}  # device handle address -> index, for XID events
+        self._gpm_supported: set[int] = set()  # GPUs whose nvmlGpmQueryDeviceSupport said yes
+        self._gpm_samples: dict[int, Any] = {}  # address -> GPM sample buffer not freed yet (shutdown frees)
         self._event_set: Any = None
         # Held for the whole nvmlEventSetWait_v2, so shutdown never frees the set (or shuts NVML down) under it.
         self._wait_lock = threading.Lock()
@@ -106,6 +118,7 @@ class NvmlBackend:
         try:
             count = self._call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
             self._handles, self._by_address = [None] * count, {}
+            self._gpm_supported = set()
             for i in range(count):
                 # nvmlDeviceGetCount_v2 counts every GPU, also those whose handle is then refused (NO_PERMISSION,
                 # GPU_IS_LOST, ...). One such GPU must not take the others down: it is reported down instead.
@@ -124,6 +137,7 @@ class NvmlBackend:
             raise
 
     def shutdown(self) -> None:
+        self._free_gpm_samples()  # before nvmlShutdown: a buffer left over would leak for good
         self._handles, self._by_address = [], {}
         event_set, self._event_set = self._event_set, None  # no new wait starts on it
         # Let a wait in progress return (it is bounded by its own timeout) before the set is freed.
@@ -234,6 +248,53 @@ class NvmlBackend:
     def remapped_rows(self, gpu: int) -> RemappedRows:
         corr, unc, pending, failed = self._call("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows, self._h(gpu))
         return RemappedRows(correctable=int(corr), uncorrectable=int(unc), pending=bool(pending), failed=bool(failed))
+
+    def gpm_sample(self, gpu: int) -> GpmSample:
+        h = self._h(gpu)
+        if gpu not in self._gpm_supported:  # asked once per init: support does not change under a driver
+            support = self._call("nvmlGpmQueryDeviceSupport", pynvml.nvmlGpmQueryDeviceSupport, h)
+            if not support.isSupportedDevice:  # the query succeeds on pre-Hopper boards, with a "no"
+                raise NvmlError(ErrorCode.NOT_SUPPORTED, f"nvmlGpmQueryDeviceSupport: GPU {gpu} has no GPM")
+            self._gpm_supported.add(gpu)
+        sample = self._call("nvmlGpmSampleAlloc", pynvml.nvmlGpmSampleAlloc)
+        self._gpm_samples[_address(sample)] = sample
+        try:
+            self._call("nvmlGpmSampleGet", pynvml.nvmlGpmSampleGet, h, sample)
+        except NvmlError:
+            self.gpm_free(sample)
+            raise
+        return sample
+
+    def gpm_activity(self, gpu: int, earlier: GpmSample, later: GpmSample) -> GpmActivity:
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(GPM_METRICS)
+        request.sample1, request.sample2 = earlier, later
+        for slot, (_, metric_id) in zip(request.metrics, GPM_METRICS):
+            slot.metricId = metric_id
+        self._call("nvmlGpmMetricsGet", pynvml.nvmlGpmMetricsGet, request)
+        # Each metric carries its own return code: one a board lacks must not hide the others.
+        results = request.metrics[: len(GPM_METRICS)]
+        if all(m.nvmlReturn != pynvml.NVML_SUCCESS for m in results):
+            first = results[0]
+            raise NvmlError(first.nvmlReturn, f"nvmlGpmMetricsGet(metric {first.metricId}) on GPU {gpu}")
+        values = {
+            name: m.value / PERCENT if m.nvmlReturn == pynvml.NVML_SUCCESS else None
+            for (name, _), m in zip(GPM_METRICS, results)
+        }
+        return GpmActivity(**values)
+
+    def gpm_free(self, sample: GpmSample) -> None:
+        if self._gpm_samples.pop(_address(sample), None) is None:
+            return  # freed already (by shutdown): freeing twice would be a double free in C
+        self._call("nvmlGpmSampleFree", pynvml.nvmlGpmSampleFree, sample)
+
+    def _free_gpm_samples(self) -> None:
+        for sample in list(self._gpm_samples.values()):
+            try:
+                self.gpm_free(sample)
+            except NvmlError as e:
+                log.debug("nvmlGpmSampleFree: %s", e)
 
     def _register_xid(self, i: int, h: Any, event_set: Any) -> bool:
         try:

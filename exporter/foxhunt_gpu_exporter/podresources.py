@@ -6,7 +6,9 @@
 * DaemonSet mode: the kubelet PodResources `List` API on its unix socket says which container was given
   which device of resource `nvidia.com/gpu`; the device ids are GPU UUIDs (or indexes, with the device
   plugin's index strategy). A background thread refreshes it every ~15 s and keeps the last good answer:
-  scrapes never call the kubelet.
+  scrapes never call the kubelet. A time-sliced GPU's replicas (`GPU-...::3`) are handed to several pods:
+  every one of them is a holder of that GPU, with its replica number as `vgpu` (dcgm-exporter's
+  --kubernetes-virtual-gpus mode).
 
 The gRPC client needs the `k8s` extra (grpcio, protobuf). The four messages it reads are built at run time
 from a descriptor with the protobuf runtime, so no generated code or protoc is needed.
@@ -34,9 +36,12 @@ ENV_POD, ENV_NAMESPACE, ENV_CONTAINER = "POD_NAME", "POD_NAMESPACE", "CONTAINER_
 
 @dataclass(frozen=True)
 class PodRef:
+    """A container holding a GPU."""
+
     pod: str
     namespace: str
     container: str
+    vgpu: str = ""  # the time-slicing replica it holds (the id's part after `::`); "" for a whole GPU
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ class Allocation:
 
 
 class PodSource(Protocol):
-    def pod_for(self, uuid: str, index: int) -> PodRef | None: ...
+    def pods_for(self, uuid: str, index: int) -> tuple[PodRef, ...]: ...  # () when no pod holds it
 
 
 class StaticPod:
@@ -60,8 +65,8 @@ class StaticPod:
     def __init__(self, ref: PodRef):
         self.ref = ref
 
-    def pod_for(self, uuid: str, index: int) -> PodRef | None:
-        return self.ref
+    def pods_for(self, uuid: str, index: int) -> tuple[PodRef, ...]:
+        return (self.ref,)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> StaticPod:
@@ -76,15 +81,27 @@ def device_key(device_id: str) -> str:
     return device_id.split("::", 1)[0]
 
 
-def build_mapping(allocations: Iterable[Allocation], resource: str = GPU_RESOURCE) -> dict[str, PodRef]:
-    """Device key -> the pod holding it. A shared (time-sliced) GPU goes to the first pod in sorted order."""
-    mapping: dict[str, PodRef] = {}
-    for a in sorted(allocations, key=lambda a: (a.namespace, a.pod, a.container)):
+def replica(device_id: str) -> str:
+    """The time-slicing replica of a device id (`GPU-...::3` -> "3"); "" for a whole GPU."""
+    return device_id.partition("::")[2]
+
+
+def _order(ref: PodRef) -> tuple[str, str, str, str]:
+    return ref.namespace, ref.pod, ref.container, ref.vgpu
+
+
+def build_mapping(
+    allocations: Iterable[Allocation], resource: str = GPU_RESOURCE
+) -> dict[str, tuple[PodRef, ...]]:
+    """Device key -> every container holding it (one per replica held), sorted by namespace/pod/container."""
+    holders: dict[str, set[PodRef]] = {}
+    for a in allocations:
         if a.resource != resource:
             continue
         for device_id in a.device_ids:
-            mapping.setdefault(device_key(device_id), PodRef(a.pod, a.namespace, a.container))
-    return mapping
+            ref = PodRef(a.pod, a.namespace, a.container, replica(device_id))
+            holders.setdefault(device_key(device_id), set()).add(ref)
+    return {key: tuple(sorted(refs, key=_order)) for key, refs in holders.items()}
 
 
 class PodResourcesWatcher:
@@ -100,15 +117,15 @@ class PodResourcesWatcher:
     ):
         self.lister, self.resource, self.interval = lister, resource, interval
         self.errors = errors or ErrorCounts()
-        self._mapping: Mapping[str, PodRef] = MappingProxyType({})
+        self._mapping: Mapping[str, tuple[PodRef, ...]] = MappingProxyType({})
         self._failing = False
         self.version = 0  # bumped when the mapping changes: part of the exposition cache key
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def pod_for(self, uuid: str, index: int) -> PodRef | None:
+    def pods_for(self, uuid: str, index: int) -> tuple[PodRef, ...]:
         mapping = self._mapping  # one reference read: a refresh swaps the whole mapping
-        return mapping.get(uuid) or mapping.get(str(index))
+        return mapping.get(uuid) or mapping.get(str(index)) or ()
 
     def refresh(self) -> bool:
         try:

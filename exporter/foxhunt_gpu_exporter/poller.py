@@ -16,12 +16,15 @@ from collections.abc import Callable
 
 from .backend import (
     DEVICE_CODES,
+    GPM,
     LIBRARY_CODES,
     MEMORY_V2,
     METRICS,
     UNSUPPORTED_CODES,
     Backend,
     ErrorCode,
+    GpmActivity,
+    GpmSample,
     GpuIdentity,
     Memory,
     NvmlError,
@@ -92,6 +95,7 @@ class Poller:
         self._count = 0
         self._identities: dict[int, GpuIdentity] = {}
         self._unsupported: dict[int, set[str]] = {}
+        self._gpm_samples: dict[int, GpmSample] = {}  # GPU -> its GPM sample of the last poll
         self._down: set[int] = set()
         self._warned: set[tuple] = set()
         self._said_no_gpus = False
@@ -181,6 +185,7 @@ class Poller:
         self.errors.inc("library")
         log.error("NVML stopped answering (%s); re-initialising with backoff", e)
         self.xid_registered.clear()
+        self._drop_gpm_samples()  # taken under this NVML session: free them before it ends
         try:
             self.backend.shutdown()
         except NvmlError:
@@ -198,13 +203,14 @@ class Poller:
                 if key in unsupported:
                     continue
                 try:
-                    values[key] = self._memory(i, unsupported) if key == "memory" else getattr(self.backend, key)(i)
+                    values[key] = self._read(i, key, unsupported)
                 except NvmlError as e:
                     self._metric_error(i, key, e, unsupported)
         except NvmlError as e:
             if e.code in LIBRARY_CODES:
                 raise _LibraryDown(e) from None
             self.errors.inc("device")
+            self._drop_gpm_samples(i)  # a sample from before a reset must not be paired with one after
             if i not in self._down:
                 self._down.add(i)
                 log.warning("GPU %d (%s) is down: %s; retrying every poll", i, identity and identity.uuid, e)
@@ -213,6 +219,45 @@ class Poller:
             self._down.discard(i)
             log.info("GPU %d (%s) answers again", i, identity.uuid)
         return GpuReading(index=i, up=True, identity=identity, **values)
+
+    def _read(self, i: int, key: str, unsupported: set[str]):
+        if key == "memory":
+            return self._memory(i, unsupported)
+        if key == GPM:
+            return self._gpm(i)
+        return getattr(self.backend, key)(i)
+
+    def _gpm(self, i: int) -> GpmActivity | None:
+        """GPM metrics are computed between two samples: this poll's and the last one's (none at first).
+
+        Any error breaks the pair: both samples are freed and the next poll starts a new one.
+        """
+        previous = self._gpm_samples.pop(i, None)
+        try:
+            current = self.backend.gpm_sample(i)
+            try:
+                activity = None if previous is None else self.backend.gpm_activity(i, previous, current)
+            except NvmlError:
+                self._free_gpm(current)
+                raise
+        finally:
+            if previous is not None:
+                self._free_gpm(previous)
+        self._gpm_samples[i] = current
+        return activity
+
+    def _free_gpm(self, sample: GpmSample) -> None:
+        try:
+            self.backend.gpm_free(sample)
+        except NvmlError as e:  # nothing to do about it; a library-wide failure shows on the next call
+            log.debug("freeing a GPM sample failed: %s", e)
+
+    def _drop_gpm_samples(self, gpu: int | None = None) -> None:
+        """Free the kept GPM samples of one GPU (or all)."""
+        for i in [gpu] if gpu is not None else list(self._gpm_samples):
+            sample = self._gpm_samples.pop(i, None)
+            if sample is not None:
+                self._free_gpm(sample)
 
     def _memory(self, i: int, unsupported: set[str]) -> Memory:
         if MEMORY_V2 not in unsupported:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .backend import Clocks, Ecc, GpuIdentity, Memory, Nvlink, RemappedRows, Utilization
+from .backend import Clocks, Ecc, GpmActivity, GpuIdentity, Memory, Nvlink, RemappedRows, Utilization
 
 # Poll-duration histogram buckets (seconds): a healthy NVML poll of 8 GPUs takes a few ms; the top
 # buckets catch a driver that is slowing down before the watchdog calls it stuck.
@@ -32,6 +32,7 @@ class GpuReading:
     pcie_replays: int | None = None
     nvlink: Nvlink | None = None
     remapped_rows: RemappedRows | None = None
+    gpm: GpmActivity | None = None  # None also on a GPU's first poll: GPM needs two samples
 
     def down(self) -> GpuReading:
         """The same GPU with up=0 and every reading dropped (identity kept for the up/info labels)."""

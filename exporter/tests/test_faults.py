@@ -139,7 +139,9 @@ def test_not_supported_is_asked_once_not_every_cycle(make_exporter, caplog):
     assert not samples(text, "foxhunt_gpu_pcie_replays_total")
     assert set(by_gpu(text, "foxhunt_gpu_up").values()) == {1}  # unsupported is not down
     assert exporter.errors["metric"] == 0
-    assert len([r for r in caplog.records if "not supported" in r.getMessage()]) == 3
+    # one line per GPU and metric: ecc on GPU 1, pcie_replays on both, and GPM, which an A100 lacks, on both
+    assert len([r for r in caplog.records if "not supported" in r.getMessage()]) == 1 + 2 + 2
+    assert fake.calls["gpm_sample"] == 2  # asked once per GPU too
 
 
 def test_other_metric_errors_skip_the_metric_and_are_retried(make_exporter):

@@ -25,6 +25,10 @@ def handle(i: int):
     return ctypes.cast(ctypes.c_void_p(0x1000 + i), pynvml.c_nvmlDevice_t)
 
 
+def address(pointer) -> int:
+    return ctypes.cast(pointer, ctypes.c_void_p).value
+
+
 def field(field_id: int, value: int, ret: int = pynvml.NVML_SUCCESS, kind: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG):
     f = pynvml.c_nvmlFieldValue_t()
     f.fieldId, f.scopeId, f.nvmlReturn, f.valueType = field_id, ALL_LINKS, ret, kind
@@ -98,6 +102,8 @@ def fake_nvml(monkeypatch):
     patch("nvmlDeviceRegisterEvents", lambda h, types, es: None)
     patch("nvmlEventSetFree", lambda es: None)
     patch("nvmlDeviceGetIndex", lambda h: ctypes.cast(h, ctypes.c_void_p).value - 0x1000)
+    # An A100: no GPM (the fake_gpm fixture makes it a Hopper board).
+    patch("nvmlGpmQueryDeviceSupport", lambda h: SimpleNamespace(version=1, isSupportedDevice=0))
     monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", wait)
     backend = NvmlBackend()
     backend.init()
@@ -307,3 +313,112 @@ def test_field_values_are_read_on_the_poller_thread_only(fake_nvml, monkeypatch)
     finally:
         exporter.stop()
     assert exporter.poller.version >= 3 and threads == {"foxhunt-poller"}
+
+
+GPM_PERCENT = {pynvml.NVML_GPM_METRIC_SM_UTIL: 42.0, pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 17.5,
+               pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 88.0}  # fmt: skip
+
+
+@pytest.fixture
+def fake_gpm(fake_nvml, monkeypatch):
+    """fake_nvml on a Hopper board: GPM answers, and every sample buffer is tracked from alloc to free."""
+    nvml, calls, _ = fake_nvml
+    gpm = SimpleNamespace(supported=1, allocated=0, live=set(), returns={}, requests=[])
+
+    def query(h):
+        calls.setdefault("query", []).append(h)
+        return SimpleNamespace(version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=gpm.supported)
+
+    def alloc():
+        gpm.allocated += 1
+        sample = ctypes.cast(ctypes.c_void_p(0x9000 + gpm.allocated), pynvml.c_nvmlGpmSample_t)
+        gpm.live.add(address(sample))
+        return sample
+
+    def free(sample):
+        assert address(sample) in gpm.live, "freed twice, or never allocated"
+        gpm.live.discard(address(sample))
+
+    def metrics_get(request):  # what NVML fills in: a return code and a percent value per metric asked for
+        assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION
+        assert {address(request.sample1), address(request.sample2)} <= gpm.live  # no use after free
+        asked = request.metrics[: request.numMetrics]
+        gpm.requests.append([m.metricId for m in asked])
+        for m in asked:
+            m.nvmlReturn = gpm.returns.get(m.metricId, pynvml.NVML_SUCCESS)
+            m.value = GPM_PERCENT[m.metricId]
+        return request
+
+    monkeypatch.setattr(pynvml, "nvmlGpmQueryDeviceSupport", query)
+    monkeypatch.setattr(pynvml, "nvmlGpmSampleAlloc", alloc)
+    monkeypatch.setattr(pynvml, "nvmlGpmSampleGet", lambda h, sample: sample)
+    monkeypatch.setattr(pynvml, "nvmlGpmMetricsGet", metrics_get)
+    monkeypatch.setattr(pynvml, "nvmlGpmSampleFree", free)
+    return nvml, calls, gpm
+
+
+def test_gpm_metrics_from_two_samples_in_ratios(fake_gpm):
+    nvml, calls, gpm = fake_gpm
+    earlier, later = nvml.gpm_sample(0), nvml.gpm_sample(0)
+    activity = nvml.gpm_activity(0, earlier, later)
+    ratios = (activity.sm, activity.tensor, activity.graphics)
+    assert ratios == pytest.approx((0.42, 0.175, 0.88))  # NVML's percent as 0..1
+    assert gpm.requests == [[pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+                             pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL]]  # fmt: skip
+    assert len(calls["query"]) == 1  # support is asked once, not per sample
+    nvml.gpm_free(earlier)
+    nvml.gpm_free(later)
+    assert gpm.live == set()
+
+
+def test_gpm_on_a_board_without_it_is_not_supported_and_allocates_nothing(fake_gpm):
+    nvml, _, gpm = fake_gpm
+    gpm.supported = 0  # the query itself succeeds before Hopper, saying no
+    with pytest.raises(NvmlError) as e:
+        nvml.gpm_sample(0)
+    assert e.value.code == ErrorCode.NOT_SUPPORTED and gpm.allocated == 0
+
+
+def test_gpm_a_failed_sample_frees_its_buffer(fake_gpm, monkeypatch):
+    nvml, _, gpm = fake_gpm
+
+    def refused(h, sample):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlGpmSampleGet", refused)
+    with pytest.raises(NvmlError) as e:
+        nvml.gpm_sample(0)
+    assert e.value.code == ErrorCode.NOT_SUPPORTED and gpm.allocated == 1 and gpm.live == set()
+
+
+def test_gpm_per_metric_return_codes(fake_gpm):
+    nvml, _, gpm = fake_gpm
+    earlier, later = nvml.gpm_sample(0), nvml.gpm_sample(0)
+    gpm.returns = {pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: pynvml.NVML_ERROR_NOT_SUPPORTED}
+    activity = nvml.gpm_activity(0, earlier, later)  # one metric refused: the others still count
+    assert activity.tensor is None and activity.sm == pytest.approx(0.42)
+    gpm.returns = dict.fromkeys(GPM_PERCENT, pynvml.NVML_ERROR_NOT_SUPPORTED)
+    with pytest.raises(NvmlError) as e:  # all refused: the GPU has no GPM after all
+        nvml.gpm_activity(0, earlier, later)
+    assert e.value.code == ErrorCode.NOT_SUPPORTED
+
+
+def test_shutdown_frees_the_gpm_samples_left_and_a_late_free_is_not_a_double_free(fake_gpm):
+    nvml, _, gpm = fake_gpm
+    kept = nvml.gpm_sample(1)
+    nvml.gpm_sample(0)
+    nvml.shutdown()
+    assert gpm.live == set()
+    nvml.gpm_free(kept)  # its owner frees it after shutdown: a no-op (the fake asserts on a second free)
+
+
+def test_poller_over_nvml_keeps_one_gpm_sample_per_gpu_and_reads_from_the_second_poll(fake_gpm):
+    _, _, gpm = fake_gpm
+    poller = Poller(NvmlBackend(), hostname="node")
+    first = poller.poll_once()
+    assert first.nvml_up and [g.gpm for g in first.gpus] == [None, None]
+    second = poller.poll_once()
+    assert [g.gpm.sm for g in second.gpus] == pytest.approx([0.42, 0.42])
+    assert len(gpm.live) == 2  # this poll's sample of each GPU, kept for the next one; the rest freed
+    poller.backend.shutdown()
+    assert gpm.live == set()

@@ -119,6 +119,60 @@ def test_xid_events_register_and_wait_times_out(nvml):
     assert event is None or event.xid > 0  # no XID is expected on a healthy GPU
 
 
+GPM_BOARDS = ("H100", "H200", "H800", "H20", "GH200", "B200", "GB200")  # Hopper and later: NVML GPM
+
+
+@needs_gpu
+def test_gpm_activity_between_two_samples(nvml):
+    """GPM on every board that has it: ratios in 0..1, both samples freed; pre-Hopper boards say NOT_SUPPORTED."""
+    read = 0
+    for gpu in range(nvml.device_count()):
+        model = nvml.identity(gpu).model
+        try:
+            earlier = nvml.gpm_sample(gpu)
+        except NvmlError as e:
+            if e.code == ErrorCode.NO_PERMISSION:
+                pytest.skip(f"GPM refused here: {e}")
+            assert e.code in UNSUPPORTED_CODES, e
+            assert not any(board in model for board in GPM_BOARDS), f"{model} should have GPM: {e}"
+            continue
+        time.sleep(0.5)
+        later = nvml.gpm_sample(gpu)
+        try:
+            activity = nvml.gpm_activity(gpu, earlier, later)
+        finally:
+            nvml.gpm_free(earlier)
+            nvml.gpm_free(later)
+        values = (activity.sm, activity.tensor, activity.graphics)
+        assert any(v is not None for v in values) and all(v is None or 0 <= v <= 1 for v in values), (
+            model,
+            values,
+        )
+        read += 1
+    assert not nvml._gpm_samples  # every buffer freed
+    if not read:
+        pytest.skip("no GPU here has NVML GPM (Hopper and later)")
+
+
+@needs_gpu
+def test_poller_reports_gpm_from_its_second_poll():
+    poller = Poller(NvmlBackend(), hostname="test")
+    first = poller.poll_once()
+    time.sleep(0.5)
+    second = poller.poll_once()
+    assert all(g.gpm is None for g in first.gpus)
+    with_gpm = [g for g in second.gpus if any(board in g.identity.model for board in GPM_BOARDS)]
+    if not with_gpm:
+        pytest.skip("no GPU here has NVML GPM (Hopper and later)")
+    assert all(g.gpm is not None for g in with_gpm), with_gpm
+    assert all(v is None or 0 <= v <= 1 for g in with_gpm for v in (g.gpm.sm, g.gpm.tensor, g.gpm.graphics))
+    assert (
+        len(poller.backend._gpm_samples) == len(poller._gpm_samples) <= len(second.gpus)
+    )  # one kept per GPU
+    poller.backend.shutdown()
+    assert not poller.backend._gpm_samples
+
+
 @needs_gpu
 def test_one_poll_cycle_is_fast_and_complete(capsys):
     poller = Poller(NvmlBackend(), hostname="test")

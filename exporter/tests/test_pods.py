@@ -6,7 +6,7 @@ import logging
 from concurrent import futures
 
 import pytest
-from exporter_helpers import render, samples, wait_for
+from exporter_helpers import OPENMETRICS, families, render, samples, wait_for
 from foxhunt_gpu_exporter.podresources import (
     LIST_METHOD,
     Allocation,
@@ -17,6 +17,7 @@ from foxhunt_gpu_exporter.podresources import (
     device_key,
     kubelet_lister,
     podresources_messages,
+    replica,
 )
 
 
@@ -25,6 +26,10 @@ def pod_labels(exporter) -> dict[str, tuple[str, str, str]]:
         s.labels["gpu"]: (s.labels["pod"], s.labels["namespace"], s.labels["container"])
         for s in samples(render(exporter), "foxhunt_gpu_utilization_percent")
     }
+
+
+def holder(s) -> tuple[str, str, str, str]:
+    return s.labels["pod"], s.labels["namespace"], s.labels["container"], s.labels["vgpu"]
 
 
 def test_sidecar_labels_from_downward_api_env(make_exporter):
@@ -39,7 +44,7 @@ def test_sidecar_labels_from_downward_api_env(make_exporter):
 def test_sidecar_without_env_warns_and_labels_empty(caplog):
     with caplog.at_level(logging.WARNING, "foxhunt_gpu_exporter"):
         pods = StaticPod.from_env({})
-    assert pods.pod_for("GPU-x", 0) == PodRef("", "", "") and "POD_NAME" in caplog.text
+    assert pods.pods_for("GPU-x", 0) == (PodRef("", "", ""),) and "POD_NAME" in caplog.text
 
 
 def test_standalone_has_no_pod_labels(make_exporter):
@@ -52,18 +57,59 @@ def test_build_mapping():
     allocations = [
         Allocation("b-pod", "ns", "c", "nvidia.com/gpu", ("GPU-aaa", "GPU-bbb")),
         Allocation("x", "ns", "c", "example.com/nic", ("GPU-ccc",)),  # another resource: ignored
-        Allocation("a-pod", "ns", "c", "nvidia.com/gpu", ("GPU-ddd::0",)),  # time-slicing replica
-        Allocation("z-pod", "ns", "c", "nvidia.com/gpu", ("GPU-ddd::1",)),  # shares it: first sorted wins
+        Allocation("z-pod", "ns", "c", "nvidia.com/gpu", ("GPU-ddd::1",)),  # time-slicing replicas...
+        Allocation("a-pod", "ns", "c", "nvidia.com/gpu", ("GPU-ddd::0",)),  # ...of one GPU: both hold it
+        Allocation("a-pod", "aa-ns", "c", "nvidia.com/gpu", ("GPU-ddd::2",)),  # namespace sorts first
         Allocation("idx", "ns", "c", "nvidia.com/gpu", ("5",)),  # device plugin's index strategy
     ]
     mapping = build_mapping(allocations)
     assert mapping == {
-        "GPU-aaa": PodRef("b-pod", "ns", "c"),
-        "GPU-bbb": PodRef("b-pod", "ns", "c"),
-        "GPU-ddd": PodRef("a-pod", "ns", "c"),
-        "5": PodRef("idx", "ns", "c"),
+        "GPU-aaa": (PodRef("b-pod", "ns", "c"),),
+        "GPU-bbb": (PodRef("b-pod", "ns", "c"),),
+        "GPU-ddd": (
+            PodRef("a-pod", "aa-ns", "c", "2"),
+            PodRef("a-pod", "ns", "c", "0"),
+            PodRef("z-pod", "ns", "c", "1"),
+        ),
+        "5": (PodRef("idx", "ns", "c"),),
     }
-    assert device_key("GPU-1::3") == "GPU-1"
+    assert device_key("GPU-1::3") == "GPU-1" and replica("GPU-1::3") == "3" and replica("GPU-1") == ""
+
+
+def test_build_mapping_one_container_with_two_replicas_holds_the_gpu_twice():
+    # dcgm-exporter's virtual-GPU mode does the same: a series per replica held, told apart by `vgpu`
+    ids = ("GPU-a::1", "GPU-a::0", "GPU-a::1")  # a replica listed twice is held once
+    mapping = build_mapping([Allocation("p", "ns", "c", "nvidia.com/gpu", ids)])
+    assert mapping == {"GPU-a": (PodRef("p", "ns", "c", "0"), PodRef("p", "ns", "c", "1"))}
+
+
+def test_a_time_sliced_gpu_gets_one_series_per_pod_with_the_same_device_values(make_exporter):
+    shared = []  # GPU 0's UUID, known once polled
+
+    def lister():
+        return [Allocation("trainer", "rl", "main", "nvidia.com/gpu", (f"{shared[0]}::0",)),
+                Allocation("notebook", "dev", "jupyter", "nvidia.com/gpu", (f"{shared[0]}::3",))]  # fmt: skip
+
+    watcher = PodResourcesWatcher(lister)
+    exporter, _ = make_exporter({"gpus": 2}, pods=watcher)
+    exporter.poller.poll_once()
+    shared.append(exporter.poller.snapshot.gpus[0].identity.uuid)
+    assert watcher.refresh()
+    exporter.xids.add(0, 79)
+    text = render(exporter)
+    holders = [("notebook", "dev", "jupyter", "3"), ("trainer", "rl", "main", "0")]  # namespace/pod order
+    for name in ("foxhunt_gpu_utilization_percent", "foxhunt_gpu_memory_used_bytes", "foxhunt_gpu_up",
+                 "foxhunt_gpu_xid_errors_total"):  # fmt: skip
+        series = {gpu: [] for gpu in "01"}
+        for s in samples(text, name):
+            series[s.labels["gpu"]].append((holder(s), s.value))
+        assert [pod for pod, _ in series["0"]] == holders, name
+        assert len({value for _, value in series["0"]}) == 1, name  # one device: the same value for each pod
+        if name != "foxhunt_gpu_xid_errors_total":
+            assert [pod for pod, _ in series["1"]] == [("", "", "", "")], name  # held by no pod: one series
+    assert len(samples(text, "foxhunt_gpu_ecc_errors_total")) == (2 + 1) * 4  # every family, extra labels too
+    assert 'vgpu="3"' in text and 'vgpu=""' in text  # "" is no label to Prometheus: unshared reads as before
+    assert families(render(exporter, OPENMETRICS), openmetrics=True)  # label names consistent per family
 
 
 def test_watcher_keeps_the_last_good_mapping(caplog):
@@ -77,12 +123,13 @@ def test_watcher_keeps_the_last_good_mapping(caplog):
         return answer
 
     watcher = PodResourcesWatcher(lister)
-    assert watcher.refresh() and watcher.pod_for("GPU-1", 0) == PodRef("p", "ns", "c") and watcher.version == 1
+    held = (PodRef("p", "ns", "c"),)
+    assert watcher.refresh() and watcher.pods_for("GPU-1", 0) == held and watcher.version == 1
     with caplog.at_level(logging.WARNING, "foxhunt_gpu_exporter"):
         assert not watcher.refresh() and not watcher.refresh()
-    assert watcher.pod_for("GPU-1", 0) == PodRef("p", "ns", "c")  # last good answer kept
+    assert watcher.pods_for("GPU-1", 0) == held  # last good answer kept
     assert watcher.errors["podresources"] == 2 and caplog.text.count("PodResources List failed") == 1
-    assert watcher.refresh() and watcher.pod_for("GPU-1", 0) is None and watcher.version == 2  # pod gone
+    assert watcher.refresh() and watcher.pods_for("GPU-1", 0) == () and watcher.version == 2  # pod gone
 
 
 def test_watcher_refreshes_on_its_own_thread_never_per_scrape(make_exporter):
@@ -148,7 +195,8 @@ def test_grpc_client_against_a_real_server_on_a_unix_socket(tmp_path):
         lister = kubelet_lister(socket_path, timeout_s=5)
         assert lister() == [Allocation("trainer-0", "rl-train", "learner", "nvidia.com/gpu", ("GPU-a", "GPU-b"))]
         watcher = PodResourcesWatcher(lister)
-        assert watcher.refresh() and watcher.pod_for("GPU-b", 1) == PodRef("trainer-0", "rl-train", "learner")
+        held = (PodRef("trainer-0", "rl-train", "learner"),)
+        assert watcher.refresh() and watcher.pods_for("GPU-b", 1) == held
         assert len(served) == 2 and LIST_METHOD == "/v1.PodResourcesLister/List"
         lister.channel.close()
     finally:
@@ -158,7 +206,8 @@ def test_grpc_client_against_a_real_server_on_a_unix_socket(tmp_path):
 def test_grpc_client_error_keeps_serving(tmp_path):
     lister = kubelet_lister(str(tmp_path / "absent.sock"), timeout_s=0.2)
     watcher = PodResourcesWatcher(lister)
-    assert not watcher.refresh() and watcher.errors["podresources"] == 1 and watcher.pod_for("GPU-a", 0) is None
+    assert not watcher.refresh() and watcher.errors["podresources"] == 1
+    assert watcher.pods_for("GPU-a", 0) == ()
     lister.channel.close()
 
 

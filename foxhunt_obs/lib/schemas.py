@@ -65,6 +65,14 @@ GPU_SAMPLES = TableSpec(
             ("rows_remapped_uncorrectable_total", pa.float64()),  # counter
             ("rows_remapped_correctable_total", pa.float64()),  # counter
             ("row_remap_failure", pa.float64()),  # 1 = a row remap failed (the GPU needs a reset)
+            ("sm_active", pa.float64()),  # ratio 0-1 (DCGM_FI_PROF_SM_ACTIVE, NVML GPM), where reported
+            ("tensor_active", pa.float64()),  # ratio 0-1 (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, NVML GPM)
+            # Time-slicing: a shared GPU's series come once per pod (`vgpu` the replica), one row each.
+            # step_share: the part of the step a row stands for (1; 1/k for each of k pods sharing the GPU;
+            # 0 for the shared GPU's own row while pods hold it). Sums over rows weigh by it.
+            ("vgpu", LABEL),
+            ("step_share", pa.float64()),
+            ("run_id", LABEL),  # the MLflow run id from a pod label (FOXHUNT_RUN_ID_POD_LABEL), '' none
         ]
     ),
 )
@@ -94,7 +102,8 @@ NODE_SAMPLES = TableSpec(
 GPU_HOURLY = TableSpec(
     name="gpu_hourly",
     partition="day",
-    doc="One row per GPU-hour: who held it, how busy it was, energy and errors.",
+    doc="One row per GPU-hour and holder: each pod's held seconds, how busy, energy and errors; pod '' "
+    "is the part no pod held.",
     schema=pa.schema(
         [
             ("hour", TS),
@@ -103,11 +112,11 @@ GPU_HOURLY = TableSpec(
             ("uuid", pa.string()),
             ("model", pa.string()),
             ("namespace", pa.string()),
-            ("pod", pa.string()),  # the pod holding the GPU for most of the hour ('' = none)
+            ("pod", pa.string()),  # the holder of this row's seconds ('' = the part no pod held)
             ("experiment", pa.string()),
-            ("pods_seen", pa.int32()),
+            ("pods_seen", pa.int32()),  # pods that held the GPU (slice) in the hour
             ("samples", pa.int64()),
-            ("seconds_with_data", pa.float64()),
+            ("seconds_with_data", pa.float64()),  # this row's seconds (a time-sliced step: step / k)
             ("util_mean", pa.float64()),
             ("util_p95", pa.float64()),
             ("active_gpu_seconds", pa.float64()),  # sum(util * step) * gpu_share; NULL: util unknown
@@ -125,6 +134,11 @@ GPU_HOURLY = TableSpec(
             ("gpu_share", pa.float64()),
             ("util_basis", pa.string()),  # the util source (a slice: DCGM_FI_PROF_GR_ENGINE_ACTIVE)
             ("activity_seconds", pa.float64()),  # seconds with a util value; the rest is unknown activity
+            ("run_id", pa.string()),  # the holder pod's MLflow run id label (FOXHUNT_RUN_ID_POD_LABEL), ''
+            ("device_seconds", pa.float64()),  # seconds the GPU (slice) reported in the hour: all its rows'
+            ("sm_activity_seconds", pa.float64()),  # of seconds_with_data, those with an SM activity value
+            ("sm_active_gpu_seconds", pa.float64()),  # sum(sm_active * step) * gpu_share; NULL: not reported
+            ("tensor_active_gpu_seconds", pa.float64()),  # sum(tensor_active * step) * gpu_share; NULL: none
         ]
     ),
 )
@@ -341,6 +355,12 @@ COST_ALLOCATION = TableSpec(
             ("gpu_profile", pa.string()),  # MIG profile; 'unsliced' for a MIG GPU's part no slice covers
             ("gpu_share", pa.float64()),  # of the GPU's cost this row carries (1 for a whole GPU)
             ("unknown_activity_usd", pa.float64()),  # allocated $ with no util reported: not idle, unknown
+            ("run_id", pa.string()),  # the holder pod's MLflow run id label, '' none
+            # the same on SM activity (the other activity basis), where reported
+            ("sm_active_gpu_seconds", pa.float64()),  # NULL: not reported
+            ("sm_idle_usd", pa.float64()),
+            ("sm_unknown_activity_usd", pa.float64()),
+            ("tensor_active_gpu_seconds", pa.float64()),
         ]
     ),
 )
@@ -366,6 +386,11 @@ UTILIZATION_PER_DOLLAR = TableSpec(
                 "unknown_activity_usd",
                 pa.float64(),
             ),  # $ of GPU time with no util reported: neither busy nor idle
+            # The other activity basis, SM activity (DCGM_FI_PROF_SM_ACTIVE), over the $ where it is reported
+            ("sm_active_gpu_hours", pa.float64()),
+            ("sm_active_gpu_hours_per_usd", pa.float64()),
+            ("sm_idle_usd", pa.float64()),
+            ("sm_unknown_activity_usd", pa.float64()),
         ]
     ),
 )
@@ -373,7 +398,7 @@ UTILIZATION_PER_DOLLAR = TableSpec(
 OUTCOME_PER_DOLLAR = TableSpec(
     name="outcome_per_dollar",
     partition="day",
-    doc="Per MLflow run alive that day: success_rate at start and at the day's end, $ spent on its pod, $ per point.",
+    doc="Per MLflow run alive that day: success_rate at start and at the day's end, $ its own pods cost in its window, $ per point.",
     schema=pa.schema(
         [
             ("day", pa.date32()),
@@ -386,9 +411,16 @@ OUTCOME_PER_DOLLAR = TableSpec(
             ("success_end", pa.float64()),  # the last value up to the day's end
             ("success_best", pa.float64()),
             ("success_gained_points", pa.float64()),  # 100 × (end − start)
-            ("usd", pa.float64()),  # its pod's allocated GPU cost up to the day's end
+            (
+                "usd",
+                pa.float64(),
+            ),  # its pods' allocated GPU cost in its window up to the day's end; NULL: none known
             ("idle_usd", pa.float64()),
             ("usd_per_point", pa.float64()),  # null when nothing was gained
+            ("namespace", pa.string()),  # its `namespace` tag ('' = its pods matched in any namespace)
+            ("gpu_hours", pa.float64()),  # GPU-hours of its pods in its window
+            ("sm_idle_usd", pa.float64()),  # idle $ on the SM-activity basis, where reported
+            ("charged_by", pa.string()),  # how its dollars were found, or why there are none
         ]
     ),
 )

@@ -26,6 +26,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FOXHUNT_SCRAPE_STEP", "15", "Query step in seconds: one gpu_samples row per GPU per step"),
     Setting("FOXHUNT_EXPERIMENT_LABEL", "experiment", "Pod (or namespace) label naming the experiment"),
     Setting(
+        "FOXHUNT_RUN_ID_POD_LABEL",
+        "",
+        "Pod label carrying the MLflow run id (kube_pod_labels): a run is charged every pod with it, in "
+        "any window (empty: runs are matched by their `pod` and `namespace` tags)",
+    ),
+    Setting(
+        "FOXHUNT_ACTIVITY_BASIS",
+        "util",
+        "Headline basis of active GPU-hours in the report and metadata: util (DCGM_FI_DEV_GPU_UTIL, every "
+        "dashboard's) or sm (SM activity, DCGM_FI_PROF_SM_ACTIVE, where reported)",
+    ),
+    Setting(
         "FOXHUNT_NODE_LABELS",
         "node,kubernetes_node,Hostname,hostname,instance",
         "Labels tried in order for a series' node (instance loses its :port)",
@@ -134,6 +146,7 @@ class Settings:
     prometheus_url: str
     scrape_step_s: float
     experiment_label: str
+    run_id_label: str
     node_labels: tuple[str, ...]
     exporter_containers: tuple[str, ...]
     prometheus_gzip: bool
@@ -149,6 +162,7 @@ class Settings:
             prometheus_url=env("FOXHUNT_PROMETHEUS_URL").rstrip("/"),
             scrape_step_s=step,
             experiment_label=env("FOXHUNT_EXPERIMENT_LABEL"),
+            run_id_label=env("FOXHUNT_RUN_ID_POD_LABEL").strip(),
             node_labels=tuple(x.strip() for x in env("FOXHUNT_NODE_LABELS").split(",") if x.strip()),
             exporter_containers=tuple(csv_setting("FOXHUNT_EXPORTER_CONTAINERS")),
             prometheus_gzip=env("FOXHUNT_PROMETHEUS_GZIP") in ("1", "true", "yes"),
@@ -156,6 +170,17 @@ class Settings:
             prometheus_max_points=int(positive_number("FOXHUNT_PROMETHEUS_MAX_POINTS", integer=True)),
             prometheus_bearer_token=os.environ.get("FOXHUNT_PROMETHEUS_BEARER_TOKEN", ""),
         )
+
+
+ACTIVITY_BASES = ("util", "sm")
+
+
+def activity_basis() -> str:
+    """FOXHUNT_ACTIVITY_BASIS, checked: util or sm."""
+    basis = env("FOXHUNT_ACTIVITY_BASIS").strip().lower()
+    if basis not in ACTIVITY_BASES:
+        raise ValueError(f"FOXHUNT_ACTIVITY_BASIS must be one of {', '.join(ACTIVITY_BASES)}, got {basis!r}")
+    return basis
 
 
 def positive_number(name: str, integer: bool = False) -> float:

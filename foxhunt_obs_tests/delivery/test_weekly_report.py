@@ -389,3 +389,29 @@ if __name__ == "__main__":  # python -m foxhunt_obs_tests.delivery.test_weekly_r
     open(os.path.join(out, "report.md"), "w").write(report.markdown)
     for name, png in report.charts.items():
         open(os.path.join(out, name), "wb").write(png)
+
+
+def test_both_activity_bases_and_the_split_policy_are_in_the_report():
+    """Issue 14: utilization per dollar by utilization and by SM activity, the headline on the configured
+    basis, and the split over holders in the cost policy."""
+    d = make_data()
+    r = render_weekly_report(d)
+    assert "SM activity not reported" in r.markdown  # frames without the SM columns: unknown, never 0
+    assert r.figures["sm_active_gpu_hours_per_usd"] != r.figures["sm_active_gpu_hours_per_usd"]  # NaN
+
+    e = d.experiments
+    e["sm_active_gpu_hours"] = e["active_gpu_hours"] * 0.5
+    e["sm_unknown_activity_usd"] = 0.0
+    r = render_weekly_report(d)
+    total, active = e["allocated_usd"].sum(), e["active_gpu_hours"].sum()
+    assert r.figures["sm_active_gpu_hours_per_usd"] == pytest.approx(active * 0.5 / total)
+    util_text = f"{active / total:,.3f}"
+    sm_text = f"{active * 0.5 / total:,.3f}"
+    assert "Active GPU-hours per $ (utilization)" in r.markdown and f"{sm_text} by SM activity" in r.markdown
+    assert "SM-active GPU-h per $" in r.markdown
+
+    d.activity_basis = "sm"
+    r = render_weekly_report(d)
+    assert "Active GPU-hours per $ (SM activity)" in r.markdown and f"{util_text} by utilization" in r.markdown
+    assert "a hand-off at 14:20 charges the first pod 20 minutes and the second 40" in COST_POLICY
+    assert "time-sliced GPU" in COST_POLICY and "its `namespace`" in COST_POLICY

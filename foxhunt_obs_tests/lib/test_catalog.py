@@ -80,7 +80,8 @@ def test_dcgm_field_names_as_verified():
 def test_every_stock_counter_the_catalog_reads_is_in_a_stock_counters_file():
     """The dcgm-exporter names the catalog lists without a DCGM >= 4.6 mark are enabled (uncommented) in
     at least one of the counters files dcgm-exporter ships (fixtures/real/dcgm/counters/) — except the
-    ECC volatile totals, which every stock file comments out (the README says how to enable them)."""
+    ECC volatile totals and SM activity, which every stock file comments out (the README says how to
+    enable them)."""
     counters = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dcgm" / "counters"
     enabled, commented = set(), set()
     for f in counters.glob("*.csv"):
@@ -97,9 +98,9 @@ def test_every_stock_counter_the_catalog_reads_is_in_a_stock_counters_file():
         for s in m.sources
         if s.exporter.startswith("dcgm-exporter") and ">=" not in s.exporter
     }
-    ecc = {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
-    assert stock - ecc <= enabled, sorted(stock - ecc - enabled)
-    assert ecc <= commented and not ecc & enabled
+    opt_in = {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_PROF_SM_ACTIVE"}
+    assert stock - opt_in <= enabled, sorted(stock - opt_in - enabled)
+    assert opt_in <= commented and not opt_in & enabled
 
 
 def test_bad_catalogs_are_refused_with_the_path(tmp_path):

@@ -31,7 +31,7 @@ GPU_SAMPLES_CHECKS = [
     dg.AssetCheckSpec(
         "unique_uuid_ts",
         asset="gpu_samples",
-        description="one row per GPU (uuid, and MIG slice) per timestamp",
+        description="one row per GPU (uuid, and MIG slice, and time-slicing replica) per timestamp",
     ),
     dg.AssetCheckSpec(
         "core_columns_reported",
@@ -97,6 +97,7 @@ def gpu_samples(
                 node_labels=settings.node_labels,
                 experiment_label=settings.experiment_label,
                 exporter_containers=settings.exporter_containers,
+                run_id_label=settings.run_id_label,
             )
             _guard(store, GPU_SAMPLES, key, table, ["uuid", "gpu_instance"], config)
             store.write_partition(GPU_SAMPLES, key, table)
@@ -168,7 +169,7 @@ def _gpu_checks(tables: dict[str, pa.Table], store, allow_fewer_rows: bool = Fal
                   count(*) FILTER (WHERE isnan(util)) FROM t"""
     ).fetchone()
     dupes = con.execute(
-        "SELECT count(*) FROM (SELECT uuid, gpu_instance, ts FROM t GROUP BY ALL HAVING count(*) > 1)"
+        "SELECT count(*) FROM (SELECT uuid, gpu_instance, vgpu, ts FROM t GROUP BY ALL HAVING count(*) > 1)"
     ).fetchone()[0]
     con.close()
     yield dg.AssetCheckResult(

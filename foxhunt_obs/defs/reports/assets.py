@@ -155,7 +155,8 @@ def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource):
     kinds={"duckdb", "parquet"},
     description=(
         "Experiment × day: GPU-hours, active GPU-hours, mean util, allocated $, idle $, active GPU-hours "
-        f"per $, $ per active GPU-hour, energy, cost source; plus a {CLUSTER_IDLE} row."
+        f"per $, $ per active GPU-hour, energy, cost source; plus a {CLUSTER_IDLE} row. Active GPU-hours on "
+        "two bases: utilization and SM activity (sm_*), each over the dollars it was reported for."
     ),
 )
 def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
@@ -163,6 +164,7 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
     df = pa.concat_tables(out.values()).to_pandas()
     total = df.allocated_usd.sum()
     active = df.active_gpu_hours.sum()
+    sm_known = total - df.sm_unknown_activity_usd.sum()
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": dg.MetadataValue.int(len(df)),
@@ -170,6 +172,10 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
             "idle_usd": dg.MetadataValue.float(round(float(df.idle_usd.sum()), 2)),
             "active_gpu_hours_per_usd": dg.MetadataValue.float(
                 round(float(active / total), 5) if total else math.nan
+            ),
+            # NaN where no GPU reported SM activity: unknown, not 0
+            "sm_active_gpu_hours_per_usd": dg.MetadataValue.float(
+                round(float(df.sm_active_gpu_hours.sum() / sm_known), 5) if sm_known > 1e-9 else math.nan
             ),
             "table": _md(
                 df[
@@ -181,6 +187,7 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
                         "allocated_usd",
                         "idle_usd",
                         "active_gpu_hours_per_usd",
+                        "sm_active_gpu_hours_per_usd",
                         "usd_per_active_gpu_hour",
                         "cost_source",
                     ]
@@ -201,17 +208,33 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
     group_name="reports",
     kinds={"duckdb", "parquet"},
     description=(
-        "Per MLflow run alive that day: success_rate at its start and at the day's end, what its pod's GPUs "
-        "cost so far, and $ per point of success_rate gained."
+        "Per MLflow run alive that day: success_rate at its start and at the day's end, what its own pods' "
+        "GPUs (its `pod` tag's list, in its namespace) cost in its own window so far, and $ per point of "
+        "success_rate gained. A run on no GPU the lake knows has no $ (never $0) and says why."
     ),
 )
 def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
     reads = [TRAINING_RUNS, TRAINING_METRICS, COST_ALLOCATION]
     out = _per_day(context, lake, reads, build_outcome_per_dollar, OUTCOME_PER_DOLLAR)
     df = pa.concat_tables(out.values()).to_pandas()
-    view = df[["day", "run_name", "experiment", "success_start", "success_end", "usd", "usd_per_point"]]
+    view = df[
+        [
+            "day",
+            "run_name",
+            "experiment",
+            "success_start",
+            "success_end",
+            "usd",
+            "usd_per_point",
+            "charged_by",
+        ]
+    ]
     return dg.MaterializeResult(
-        metadata={"dagster/row_count": dg.MetadataValue.int(len(df)), "runs": _md(view)}
+        metadata={
+            "dagster/row_count": dg.MetadataValue.int(len(df)),
+            "runs": _md(view),
+            "runs_without_known_gpu": dg.MetadataValue.int(int(df.usd.isna().sum())),
+        }
     )
 
 

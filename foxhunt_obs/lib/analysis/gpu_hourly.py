@@ -1,9 +1,16 @@
-"""gpu_samples -> gpu_hourly: one row per GPU-hour (or MIG slice-hour) of a UTC day.
+"""gpu_samples -> gpu_hourly: one row per GPU-hour (or MIG slice-hour) of a UTC day and per holder.
 
-A MIG slice is its own row with its gpu_share of the GPU: its active GPU-seconds are weighed by the
+Each pod that held the GPU in the hour gets a row of its own with its held seconds, active GPU-seconds
+and energy; what no pod held is a row with pod '' (cluster idle). A hand-off at 14:20 gives the first
+pod 20 minutes and the second 40. A time-sliced GPU (several pods' copies of its series at one step,
+gpu_samples.step_share 1/k each) splits each step evenly over the k pods present.
+
+A MIG slice is its own unit with its gpu_share of the GPU: its active GPU-seconds are weighed by the
 share, and its GPU's energy is split over the slices present by their shares, so sums over rows count
-every GPU once. Activity no source reported (util NULL) is unknown, not idle: activity_seconds says
-how many of the seconds with data had a util value.
+every GPU once. Within a unit-hour, the energy goes to its holders by the power each drew over its
+seconds (by their seconds where no power was reported). Activity no source reported (util NULL) is
+unknown, not idle: activity_seconds says how many of a row's seconds had a util value; the same for SM
+activity (sm_activity_seconds).
 
 Counter deltas (ECC, energy) are taken between consecutive samples of a GPU, seeded with the hour
 before the day so an increase across midnight is not lost; a decrease is a counter reset and counts
@@ -23,36 +30,48 @@ _SQL = """
 WITH s AS (
   -- The counters' increments need each GPU's previous sample, hence a window over the seed hour and the
   -- day: the query's main cost, as it sorts every column it carries, so it carries only what per_hour reads.
-  -- partitions written before the MIG columns existed read them as NULL: a whole GPU
+  -- Partitions written before the MIG, time-slicing and SM columns existed read them as NULL: a whole GPU,
+  -- one row per step. A time-sliced GPU's copies at one ts carry the same counters: ordered holders first
+  -- after ts, the first takes the increment and the others none, the same way on every run.
   SELECT uuid, node, gpu, gpu_instance, ts, model, coalesce(gpu_profile, '') AS gpu_profile,
-    coalesce(gpu_share, 1.0) AS gpu_share, coalesce(util_basis, '') AS util_basis, pod, step_seconds,
+    coalesce(gpu_share, 1.0) AS gpu_share, coalesce(util_basis, '') AS util_basis,
+    namespace, pod, experiment, coalesce(run_id, '') AS run_id,
+    step_seconds * coalesce(step_share, 1.0) AS secs,
     temp_celsius, power_watts, mem_used_bytes,
     CASE WHEN isnan(util) THEN NULL ELSE util END AS u,
+    CASE WHEN isnan(sm_active) THEN NULL ELSE sm_active END AS sm,
+    CASE WHEN isnan(tensor_active) THEN NULL ELSE tensor_active END AS tensor,
     ecc_sbe_total, ecc_dbe_total, energy_joules,
     ecc_sbe_total - lag(ecc_sbe_total) OVER w AS d_sbe,
     ecc_dbe_total - lag(ecc_dbe_total) OVER w AS d_dbe,
     energy_joules - lag(energy_joules) OVER w AS d_energy
   FROM gpu_samples
   WHERE hour >= $seed_hour AND hour < $end_hour
-  WINDOW w AS (PARTITION BY uuid, node, gpu, gpu_instance ORDER BY ts)
+  WINDOW w AS (PARTITION BY uuid, node, gpu, gpu_instance ORDER BY ts, pod = '', vgpu, pod)
 ),
 per_hour AS (
   -- Hours as integers (hours since the epoch; ts is after 1970, so // is the floor): date_trunc('hour', ts)
   -- on a TIMESTAMPTZ goes through ICU's calendar for every sample, some 15 times slower.
-  SELECT epoch_ms(ts) // 3600000 AS hour_no, node, gpu, uuid, gpu_instance, max(model) AS model,
+  SELECT epoch_ms(ts) // 3600000 AS hour_no, node, gpu, uuid, gpu_instance,
+    coalesce(namespace, '') AS namespace, coalesce(pod, '') AS pod,
+    CASE WHEN coalesce(pod, '') = '' THEN 'unattributed' ELSE experiment END AS experiment,
+    max(run_id) AS run_id, max(model) AS model,
     max(gpu_profile) AS gpu_profile, max(gpu_share) AS gpu_share,
     coalesce(max(util_basis) FILTER (WHERE u IS NOT NULL), '') AS util_basis,
-    count(DISTINCT pod) FILTER (WHERE pod <> '')::INTEGER AS pods_seen,
     count(*) AS samples,
-    sum(step_seconds) AS seconds_with_data,
-    coalesce(sum(step_seconds) FILTER (WHERE u IS NOT NULL), 0) AS activity_seconds,
+    sum(secs) AS seconds_with_data,
+    coalesce(sum(secs) FILTER (WHERE u IS NOT NULL), 0) AS activity_seconds,
     avg(u) AS util_mean,
     quantile_cont(u, 0.95) AS util_p95,
     -- GPU-seconds: a slice's activity counts for its share of the GPU; NULL where no util was reported
-    sum(u * step_seconds) * max(gpu_share) AS active_gpu_seconds,
-    coalesce(sum(step_seconds) FILTER (WHERE pod <> ''), 0) AS held_seconds,
+    sum(u * secs) * max(gpu_share) AS active_gpu_seconds,
+    coalesce(sum(secs) FILTER (WHERE sm IS NOT NULL), 0) AS sm_activity_seconds,
+    sum(sm * secs) * max(gpu_share) AS sm_active_gpu_seconds,
+    sum(tensor * secs) * max(gpu_share) AS tensor_active_gpu_seconds,
+    CASE WHEN coalesce(pod, '') = '' THEN 0 ELSE sum(secs) END AS held_seconds,
+    sum(power_watts * secs) AS watt_seconds,
     -- a decrease is a counter reset: the new value is the increase since the reset
-    coalesce(sum(CASE WHEN d_energy < 0 THEN energy_joules ELSE d_energy END), 0) / 3600000.0 AS gpu_energy_kwh,
+    coalesce(sum(CASE WHEN d_energy < 0 THEN energy_joules ELSE d_energy END), 0) / 3600000.0 AS energy_part_kwh,
     max(temp_celsius) AS temp_max_celsius,
     avg(power_watts) AS power_mean_watts,
     max(mem_used_bytes) AS mem_used_max_bytes,
@@ -60,37 +79,38 @@ per_hour AS (
     coalesce(sum(CASE WHEN d_dbe < 0 THEN ecc_dbe_total ELSE d_dbe END), 0) AS ecc_dbe_delta
   FROM s
   WHERE ts >= $day_start AND ts < $day_end
-  GROUP BY hour_no, node, gpu, uuid, gpu_instance
+  GROUP BY hour_no, node, gpu, uuid, gpu_instance, 6, 7, 8
+),
+-- the unit-hour's totals, on each of its holders' rows
+unit AS (
+  SELECT *,
+    sum(energy_part_kwh) OVER u AS unit_energy_kwh,
+    sum(watt_seconds) OVER u AS unit_watt_seconds,
+    sum(seconds_with_data) OVER u AS device_seconds,
+    count(*) FILTER (WHERE pod <> '') OVER u AS pods_seen
+  FROM per_hour
+  WINDOW u AS (PARTITION BY hour_no, node, gpu, uuid, gpu_instance)
 ),
 -- every slice of a MIG GPU reports the GPU's energy counter: each gets its share of the slices present
+-- (a slice's rows together stand for it once: seconds / device_seconds sums to 1 over them)
 weighed AS (
-  SELECT *, gpu_energy_kwh * gpu_share / sum(gpu_share) OVER (PARTITION BY hour_no, node, gpu, uuid) AS energy_kwh
-  FROM per_hour
-),
-holders AS (
-  -- The pod seen most in the GPU-hour (ties: the first by name). It needs no previous sample, so it reads
-  -- the day's rows from the lake, not from the window.
-  SELECT uuid, node, gpu, gpu_instance, epoch_ms(ts) // 3600000 AS hour_no, pod, namespace, experiment,
-    row_number() OVER (PARTITION BY uuid, node, gpu, gpu_instance, hour_no ORDER BY count(*) DESC, pod) AS rank
-  FROM gpu_samples
-  WHERE hour >= $seed_hour AND hour < $end_hour AND ts >= $day_start AND ts < $day_end AND pod <> ''
-  GROUP BY uuid, node, gpu, gpu_instance, hour_no, pod, namespace, experiment
-  QUALIFY rank = 1
+  SELECT *,
+    unit_energy_kwh * gpu_share
+      / sum(gpu_share * seconds_with_data / nullif(device_seconds, 0)) OVER (PARTITION BY hour_no, node, gpu, uuid)
+      * coalesce(watt_seconds / nullif(unit_watt_seconds, 0), seconds_with_data / nullif(device_seconds, 0))
+      AS energy_kwh
+  FROM unit
 )
--- The holder joins the aggregated GPU-hours, not the samples (each sample would be joined to every pod
--- of its hour, then all but the holder's row dropped).
-SELECT to_timestamp(d.hour_no * 3600) AS hour, d.node, d.gpu, d.uuid, d.gpu_instance, d.gpu_profile,
-  d.gpu_share, d.util_basis, d.activity_seconds, d.model,
-  coalesce(h.namespace, '') AS namespace,
-  coalesce(h.pod, '') AS pod,
-  coalesce(h.experiment, 'unattributed') AS experiment,
-  d.pods_seen, d.samples, d.seconds_with_data, d.util_mean, d.util_p95, d.active_gpu_seconds,
-  d.held_seconds, d.energy_kwh, d.temp_max_celsius, d.power_mean_watts, d.mem_used_max_bytes,
-  d.ecc_sbe_delta, d.ecc_dbe_delta
-FROM weighed d
-LEFT JOIN holders h ON h.uuid = d.uuid AND h.node = d.node AND h.gpu IS NOT DISTINCT FROM d.gpu
-  AND h.gpu_instance IS NOT DISTINCT FROM d.gpu_instance AND h.hour_no = d.hour_no
-ORDER BY d.hour_no, d.node, d.gpu, d.uuid, d.gpu_instance NULLS FIRST
+SELECT to_timestamp(hour_no * 3600) AS hour, node, gpu, uuid, gpu_instance, gpu_profile,
+  gpu_share, util_basis, activity_seconds, model, namespace, pod, experiment, run_id,
+  pods_seen::INTEGER AS pods_seen, samples, seconds_with_data, device_seconds, util_mean, util_p95,
+  active_gpu_seconds, held_seconds, coalesce(energy_kwh, 0) AS energy_kwh, temp_max_celsius,
+  power_mean_watts, mem_used_max_bytes, ecc_sbe_delta, ecc_dbe_delta,
+  sm_activity_seconds, sm_active_gpu_seconds, tensor_active_gpu_seconds
+FROM weighed
+-- a shared GPU's own row while pods hold it stands for no time (its increments are in the unit's energy)
+WHERE seconds_with_data > 0
+ORDER BY hour_no, node, gpu, uuid, gpu_instance NULLS FIRST, pod = '', namespace, pod
 """
 
 

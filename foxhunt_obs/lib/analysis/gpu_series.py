@@ -69,8 +69,10 @@ def collect_gpu_samples(
     experiment_label: str = "experiment",
     exporter_containers: tuple[str, ...] = (),
     columns: list[str] | None = None,
+    run_id_label: str = "",
 ) -> pa.Table:
-    """gpu_samples rows for the window. `columns` limits which canonical metrics are fetched."""
+    """gpu_samples rows for the window. `columns` limits which canonical metrics are fetched;
+    `run_id_label`: a pod label carrying the MLflow run id (kube_pod_labels), '' for none."""
     wanted = [m for m in catalog.gpu_metrics if columns is None or m.column in columns]
     targets = ScrapeTargets(scrape_target_pods(client, window), frozenset(exporter_containers))
     grid = _Grid(window, node_names_by_ip(client, catalog, window))
@@ -83,7 +85,8 @@ def collect_gpu_samples(
                 _require_identity(res, catalog, node_labels, query, window)
                 grid.add(res, catalog, node_labels, targets, metric.column, source.scale, source.name)
     experiments = pod_experiments(client, catalog, window, experiment_label)
-    return grid.table(catalog, {m.column for m in wanted}, experiments)
+    run_ids = pod_experiments(client, catalog, window, run_id_label) if run_id_label else None
+    return grid.table(catalog, {m.column for m in wanted}, experiments, run_ids)
 
 
 class IngestError(ValueError):
@@ -129,8 +132,9 @@ class _Grid:
         self.node_by_ip = node_by_ip or {}
         self.start_ms, self.step_ms = round(window.start * 1000), round(window.step * 1000)
         self.n_steps = max(0, -(-(round(window.end * 1000) - self.start_ms) // self.step_ms))
-        # (node, gpu, uuid, MIG GPU instance id or None) -> row: in MIG mode each slice is a row of its own
-        self.gpus: dict[tuple[str, int | None, str, int | None], int] = {}
+        # (node, gpu, uuid, MIG GPU instance id or None, vgpu) -> row: in MIG mode each slice is a row of its
+        # own, and on a time-sliced GPU each pod's copy of the series (its replica, `vgpu`)
+        self.gpus: dict[tuple[str, int | None, str, int | None, str], int] = {}
         self.profiles: dict[int, str] = {}  # row -> MIG profile ('' for a whole GPU)
         self.models: dict[int, str] = {}  # row -> GPU model (a slice's share depends on it)
         self.label_sets: dict[tuple[str, str, str, str], int] = {}  # (model, namespace, pod, container)
@@ -157,6 +161,7 @@ class _Grid:
                 _int_or_none(first_label(x, lab["gpu"])),
                 first_label(x, lab["uuid"]),
                 _int_or_none(first_label(x, lab["gpu_instance"])),
+                first_label(x, lab["vgpu"]),
             )
             row = gpu_of_series[i] = self.gpus.setdefault(key, len(self.gpus))
             names = (first_label(x, lab["model"]), *targets.holder(x, catalog))
@@ -180,7 +185,9 @@ class _Grid:
             )
         )
 
-    def table(self, catalog: Catalog, fetched: set[str], experiments: pa.Table) -> pa.Table:
+    def table(
+        self, catalog: Catalog, fetched: set[str], experiments: pa.Table, run_ids: pa.Table | None = None
+    ) -> pa.Table:
         if not self.gpus:
             return GPU_SAMPLES.schema.empty_table()
         shape = (len(self.gpus), self.n_steps)
@@ -193,12 +200,18 @@ class _Grid:
             present[column][g, k] = True
             source_of[column][g, k] = src
             label_set[g, k] = lab
-        # Rows in (ts, node, gpu, uuid, gpu_instance) order: GPUs sorted by key, cells taken step-major.
+        # Rows in (ts, node, gpu, uuid, gpu_instance, vgpu) order: GPUs sorted by key, cells step-major.
         keys = list(self.gpus)
         order = np.array(
             sorted(
                 range(len(keys)),
-                key=lambda i: (keys[i][0], _sortable(keys[i][1]), keys[i][2], _sortable(keys[i][3])),
+                key=lambda i: (
+                    keys[i][0],
+                    _sortable(keys[i][1]),
+                    keys[i][2],
+                    _sortable(keys[i][3]),
+                    keys[i][4],
+                ),
             )
         )
         any_present = np.logical_or.reduce([present[c] for c in fetched])[order]
@@ -220,9 +233,12 @@ class _Grid:
             for i in range(len(keys))
         ]
         cols["gpu_share"] = pa.array(np.array(shares)[gpu_rows])
+        cols["vgpu"] = _labels(gpu_rows, [key[4] for key in keys])
         for j, name in enumerate(("model", "namespace", "pod", "container")):
             cols[name] = _labels(label_rows, [n[j] for n in names])
         cols["experiment"] = _labels(label_rows, _experiments_of(names, experiments))
+        run_of = _experiments_of(names, run_ids, default="", namespace_fallback=False) if run_ids else None
+        cols["run_id"] = _labels(label_rows, run_of or [""] * len(names))
         for m in catalog.gpu_metrics:
             if m.column in fetched:
                 cols[m.column] = pa.array(values[m.column][g, k], mask=~present[m.column][g, k])
@@ -246,6 +262,11 @@ class _Grid:
                 src = np.where(src >= 0, src, fallback)
                 cols[m.column] = pc.coalesce(cols[m.column], cols[m.otherwise])
             cols[m.basis_column] = _labels(src + 1, ["", *self.sources])
+        held = np.array([bool(n[2]) for n in names], bool)[label_rows] if names else np.zeros(len(k), bool)
+        devices: dict[tuple, int] = {}  # a GPU or slice, whatever copies (vgpu) of its series there are
+        device = np.array([devices.setdefault(key[:4], len(devices)) for key in keys])
+        cols["step_share"], util = _time_slices(device[gpu_rows], k, held, cols["util"])
+        cols["util"] = util
         table = pa.table(cols)
         return table.select(GPU_SAMPLES.schema.names).cast(GPU_SAMPLES.schema)
 
@@ -274,7 +295,12 @@ def _int_or_none(s: str) -> int | None:
     return int(s) if s.isdigit() else None
 
 
-def _experiments_of(label_sets: list[tuple[str, str, str, str]], experiments: pa.Table) -> list[str]:
+def _experiments_of(
+    label_sets: list[tuple[str, str, str, str]],
+    experiments: pa.Table,
+    default: str = UNATTRIBUTED,
+    namespace_fallback: bool = True,
+) -> list[str]:
     """Experiment of each (model, namespace, pod, container): the pod's label, else the namespace's."""
     by_pod = {
         (ns, pod): e
@@ -282,9 +308,38 @@ def _experiments_of(label_sets: list[tuple[str, str, str, str]], experiments: pa
     }
     out = []
     for _, ns, pod, _ in label_sets:
-        found = (by_pod.get((ns, pod)) or by_pod.get((ns, ""))) if pod else None
-        out.append(found or UNATTRIBUTED)
+        found = (
+            (by_pod.get((ns, pod)) or (by_pod.get((ns, "")) if namespace_fallback else None)) if pod else None
+        )
+        out.append(found or default)
     return out
+
+
+def _time_slices(
+    device: np.ndarray, step: np.ndarray, held: np.ndarray, util: pa.Array
+) -> tuple[pa.Array, pa.Array]:
+    """Each row's share of its step, and util as the split counts it. A time-sliced GPU (several pods'
+    copies of its series at one step) is split evenly over the k pods present: 1/k each. Its device-level
+    row (no pod) then stands for nothing (share 0); alone, a GPU's rows share the step between them.
+    Where the device row is there beside the pods' (dcgm-exporter's per-process GPU_UTIL), each pod's
+    activity is the device's util, split like its cost: per-process util does not move dollars."""
+    n = len(step)
+    if n == 0:
+        return pa.array(np.ones(0)), util
+    cell = device.astype(np.int64) * (int(step.max()) + 1) + step
+    _, inv = np.unique(cell, return_inverse=True)
+    n_held = np.bincount(inv, weights=held)[inv]
+    n_free = np.bincount(inv, weights=~held)[inv]
+    if (n_held + n_free == 1).all():  # one row per GPU and step: the usual case, nothing to split
+        return pa.array(np.ones(n)), util
+    share = np.where(held, 1 / np.maximum(n_held, 1), np.where(n_held == 0, 1 / np.maximum(n_free, 1), 0.0))
+    u = util.to_numpy(zero_copy_only=False).astype(float)
+    known = ~held & ~np.isnan(u)
+    free_n = np.bincount(inv, weights=known)
+    device_u = np.bincount(inv, weights=np.where(known, u, 0.0)) / np.maximum(free_n, 1)
+    replace = held & (free_n[inv] > 0)
+    nulls = util.is_null().to_numpy(zero_copy_only=False) & ~replace
+    return pa.array(share), pa.array(np.where(replace, device_u[inv], u), mask=nulls)
 
 
 def pod_experiments(client: PrometheusClient, catalog: Catalog, window: Window, label: str) -> pa.Table:

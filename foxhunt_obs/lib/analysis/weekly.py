@@ -13,6 +13,7 @@ import pandas as pd
 
 from foxhunt_obs.lib.analysis.allocation import SQL_DIR
 from foxhunt_obs.lib.delivery.weekly_report import WeeklyReportData
+from foxhunt_obs.lib.settings import activity_basis
 
 
 @cache
@@ -59,4 +60,5 @@ def weekly_report_data(
         outcomes=_frame(con, "outcomes", week_start, last),
         totals=totals,
         alerts=alerts,
+        activity_basis=activity_basis(),
     )

@@ -32,10 +32,12 @@ COST_POLICY = """\
 How the dollars in this report are computed (the cost model):
 
 - A GPU's cost for an hour is its node's cost for that hour divided by the GPUs on the node. The node cost comes from the AWS Cost and Usage Report (CUR) once it has landed, else from the dated price table (an estimate); the cost source column says which.
-- That cost is charged to whoever holds the GPU, for the share of the hour it held it: the pod, then the pod's experiment label, then its namespace, then "unattributed". GPU time no pod held is unallocated and shown as "(cluster idle)".
+- That cost is split over every pod that held the GPU in the hour, by the time each held it (a hand-off at 14:20 charges the first pod 20 minutes and the second 40), and charged to the pod, then the pod's experiment label, then its namespace, then "unattributed". GPU time no pod held is unallocated and shown as "(cluster idle)".
+- A time-sliced GPU (several pods on it at once: the device plugin's time-slicing, each pod's copy of the GPU's series) is split evenly over the pods present at each scrape; its activity is the GPU's, split the same way (per-process utilization does not move dollars).
 - A MIG slice is a GPU of its own for this: it costs its share of its GPU (its compute slices over the GPU's, 3g.40gb = 3/7), and the part of a MIG GPU no slice covers is unallocated.
 - Active GPU-hours = sum of utilization x time (on a MIG slice, GR_ENGINE_ACTIVE x time x its share). Idle $ = allocated $ x (1 - active fraction); all of "(cluster idle)" is idle. GPU time for which no utilization was reported is unknown activity: counted neither as active nor as idle.
-- Utilization per dollar = active GPU-hours / $ (higher is better); its inverse is $ per active GPU-hour.
+- Utilization per dollar = active GPU-hours / $ (higher is better); its inverse is $ per active GPU-hour. It is given on two bases: utilization (DCGM_FI_DEV_GPU_UTIL, the share of time some kernel ran: every dashboard's figure) and SM activity (DCGM_FI_PROF_SM_ACTIVE, the share of cycles an SM had work: closer to what the GPU did), each over the dollars whose activity on that basis was reported.
+- An MLflow run costs what its pods (its `pod` tag, a comma-separated list, in its `namespace`) were allocated between its start and its end: a pod name reused by a later run (a StatefulSet's trainer-0) or the same name in another namespace is not charged to it. In an hour two runs share, each gets the seconds its own window covers, at most what the pod held.
 - Bill lines on no node go to their Experiment tag (an experiment's S3 bucket); the rest (FSx, the EKS control plane) are shared by the GPU-hours each experiment held that day. Once the bill has landed every dollar comes from it, so the day's allocations sum to the bill.
 - The estimate and the bill are both kept, and the gap between them is shown. Weeks run from Monday 00:00 UTC to the next Monday 00:00 UTC.
 """
@@ -46,6 +48,7 @@ EXPERIMENT_COLUMNS = (
     "active_gpu_hours_per_usd", "usd_per_active_gpu_hour", "energy_kwh", "cost_source",
 )  # fmt: skip
 WASTE_COLUMNS = ("pod", "experiment", "node", "gpus", "held_gpu_hours", "mean_util", "idle_usd")
+SM_COLUMNS = ("sm_active_gpu_hours", "sm_unknown_activity_usd")  # optional: the SM-activity basis
 OUTCOME_COLUMNS = (
     "run_name", "experiment", "success_start", "success_end", "success_gained", "usd", "usd_per_point",
 )  # fmt: skip
@@ -82,6 +85,9 @@ class WeeklyReportData:
     totals: dict[str, float]
     alerts: pd.DataFrame | None
     cost_policy: str | None = None
+    activity_basis: str = (
+        "util"  # the headline basis of active GPU-hours: util or sm (FOXHUNT_ACTIVITY_BASIS)
+    )
 
 
 @dataclass
@@ -198,6 +204,10 @@ def _figures(
     unheld = experiments[experiments["experiment"] == CLUSTER_IDLE]
     gpu_hours = _sum(experiments, "gpu_hours")
     active = _sum(experiments, "active_gpu_hours")
+    sm_known_usd = total - (
+        _sum(experiments, "sm_unknown_activity_usd") if "sm_unknown_activity_usd" in experiments else total
+    )
+    sm_active = _sum(experiments, "sm_active_gpu_hours") if "sm_active_gpu_hours" in experiments else math.nan
     bill = _num(totals.get("bill_usd"))
     estimate = _num(totals.get("estimate_usd"))
     gap = _num(totals.get("gap_pct"))
@@ -216,6 +226,9 @@ def _figures(
         "util_pct": _ratio(active, gpu_hours) * 100.0,
         "active_gpu_hours_per_usd": _ratio(active, total),
         "usd_per_active_gpu_hour": _ratio(total, active),
+        # NaN where no GPU reported SM activity: the basis is unknown, not zero
+        "sm_active_gpu_hours": sm_active if sm_known_usd > 0 else math.nan,
+        "sm_active_gpu_hours_per_usd": _ratio(sm_active, sm_known_usd) if sm_known_usd > 0 else math.nan,
         "energy_kwh": _sum(experiments, "energy_kwh"),
         "experiments": float((experiments["experiment"] != CLUSTER_IDLE).sum()),
         "bill_usd": bill,
@@ -345,7 +358,7 @@ def _document(
         Heading(1, title),
         _p(f"{week_start:%a %Y-%m-%d} 00:00 UTC to {week_end:%a %Y-%m-%d} 00:00 UTC.", note=True),
         Heading(2, "Headline"),
-        _headline(figures),
+        _headline(figures, data.activity_basis),
         *_reconciliation(figures, data.totals),
         Heading(2, "Week over week"),
         *_week_over_week(experiments, previous, figures),
@@ -370,7 +383,20 @@ def _document(
     return blocks
 
 
-def _headline(f: dict[str, float]) -> Stats:
+def _per_dollar(f: dict[str, float], basis: str) -> Stat:
+    """Active GPU-hours per $ on the headline basis, the other one beside it."""
+    by_util = (
+        f"{number(f['active_gpu_hours_per_usd'], 3)} by utilization ({number(f['active_gpu_hours'])} active "
+        f"GPU-hours, mean {pct(f['util_pct'])})"
+    )
+    sm = f["sm_active_gpu_hours_per_usd"]
+    by_sm = f"{number(sm, 3)} by SM activity" if _finite(sm) else "SM activity not reported"
+    if basis == "sm" and _finite(sm):
+        return Stat("Active GPU-hours per $ (SM activity)", number(sm, 3), by_util)
+    return Stat("Active GPU-hours per $ (utilization)", number(f["active_gpu_hours_per_usd"], 3), by_sm)
+
+
+def _headline(f: dict[str, float], basis: str = "util") -> Stats:
     if _finite(f["bill_usd"]):
         bill = Stat(
             "Bill vs estimate",
@@ -401,11 +427,7 @@ def _headline(f: dict[str, float]) -> Stats:
                 money(f["idle_usd"]),
                 f"{pct(f['idle_pct'])} of spend; unheld GPUs {money(f['unallocated_usd'])}",
             ),
-            Stat(
-                "Active GPU-hours per $",
-                number(f["active_gpu_hours_per_usd"], 3),
-                f"{number(f['active_gpu_hours'])} active GPU-hours, mean utilization {pct(f['util_pct'])}",
-            ),
+            _per_dollar(f, basis),
             Stat("$ per active GPU-hour", money(f["usd_per_active_gpu_hour"]), "lower is better"),
             wow,
         )
@@ -522,6 +544,7 @@ def _experiment_table(e: pd.DataFrame) -> Table:
             money(r.allocated_usd),
             money(r.idle_usd),
             number(r.active_gpu_hours_per_usd, 3),
+            number(getattr(r, "sm_active_gpu_hours_per_usd", math.nan), 3),
             money(r.usd_per_active_gpu_hour),
             number(r.energy_kwh),
             _text(r.cost_source),
@@ -529,6 +552,10 @@ def _experiment_table(e: pd.DataFrame) -> Table:
         for r in e.itertuples(index=False)
     )
     total_usd, active, gpu_hours = (_sum(e, c) for c in ("allocated_usd", "active_gpu_hours", "gpu_hours"))
+    sm_known = total_usd - (
+        _sum(e, "sm_unknown_activity_usd") if "sm_unknown_activity_usd" in e else total_usd
+    )
+    sm_per_usd = _ratio(_sum(e, "sm_active_gpu_hours"), sm_known) if sm_known > 0 else math.nan
     return Table(
         columns=(
             "Experiment",
@@ -538,12 +565,13 @@ def _experiment_table(e: pd.DataFrame) -> Table:
             "Spend",
             "Idle $",
             "Active GPU-h per $",
+            "SM-active GPU-h per $",
             "$ per active GPU-h",
             "Energy kWh",
             "Cost source",
         ),  # fmt: skip
         rows=rows,
-        numeric=(False, True, True, True, True, True, True, True, True, False),
+        numeric=(False, True, True, True, True, True, True, True, True, True, False),
         total=(
             "Total",
             number(gpu_hours),
@@ -552,6 +580,7 @@ def _experiment_table(e: pd.DataFrame) -> Table:
             money(total_usd),
             money(_sum(e, "idle_usd")),
             number(_ratio(active, total_usd), 3),
+            number(sm_per_usd, 3),
             money(_ratio(total_usd, active)),
             number(_sum(e, "energy_kwh")),
             "",
@@ -564,7 +593,7 @@ def _wastes(w: pd.DataFrame) -> list:
         return [_p("No GPU was held idle this week.")]
     rows = tuple(
         (
-            _text(r.pod),
+            _text(f"{r.namespace}/{r.pod}" if getattr(r, "namespace", "") else r.pod),
             _text(r.experiment),
             _text(r.node),
             number(r.gpus, 0),

@@ -15,11 +15,18 @@ SELECT experiment, sum(gpu_hours) AS gpu_hours, sum(active_gpu_hours) AS active_
          AS usd_per_active_gpu_hour,
        sum(energy_kwh) AS energy_kwh,
        string_agg(DISTINCT nullif(cost_source, ''), '+' ORDER BY nullif(cost_source, '')) AS cost_source,
-       coalesce(sum(unknown_activity_usd), 0) AS unknown_activity_usd
+       coalesce(sum(unknown_activity_usd), 0) AS unknown_activity_usd,
+       -- the SM-activity basis, over the dollars whose SM activity is known (NULL: never reported)
+       sum(sm_active_gpu_hours) AS sm_active_gpu_hours,
+       sum(sm_active_gpu_hours) / nullif(sum(allocated_usd - coalesce(sm_unknown_activity_usd, allocated_usd)), 0)
+         AS sm_active_gpu_hours_per_usd,
+       coalesce(sum(sm_idle_usd), 0) AS sm_idle_usd,
+       sum(coalesce(sm_unknown_activity_usd, allocated_usd)) AS sm_unknown_activity_usd
 FROM utilization_per_dollar WHERE day >= $first AND day <= $last
 GROUP BY experiment ORDER BY experiment = '(cluster idle)', allocated_usd DESC, experiment;
 -- name: wastes
-SELECT pod, experiment, node, count(DISTINCT uuid) AS gpus, sum(held_seconds) / 3600.0 AS held_gpu_hours,
+-- a pod is (namespace, pod): the same name in two namespaces is two pods
+SELECT pod, namespace, experiment, node, count(DISTINCT uuid) AS gpus, sum(held_seconds) / 3600.0 AS held_gpu_hours,
        sum(active_gpu_seconds) / nullif(sum(held_seconds), 0) AS mean_util, sum(idle_usd) AS idle_usd
 FROM cost_allocation WHERE day >= $first AND day <= $last AND kind = 'gpu' AND experiment <> ''
 GROUP BY ALL ORDER BY idle_usd DESC, pod, node LIMIT 5;
