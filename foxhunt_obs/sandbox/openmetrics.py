@@ -13,7 +13,20 @@ What a real cluster's Prometheus would hold, scrape by scrape:
   container ``exporter``, Service ``dcgm-exporter`` and endpoint ``metrics`` as prometheus-operator
   labels the target; its counters list has no ECC fields and no DCGM_FI_DRIVER_VERSION, so neither is
   written there). DCGM_FI_PROF_GR_ENGINE_ACTIVE is written for every GPU (on by default in every stock
-  counters list).
+  counters list); DCGM_FI_PROF_SM_ACTIVE and DCGM_FI_PROF_PIPE_TENSOR_ACTIVE for the whole GPUs of the
+  GPU Operator's nodes (their counters file uncomments SM_ACTIVE; the chart's built-in list has neither
+  in the sandbox).
+* Time-sliced GPUs (``node.time_sliced``): that node's dcgm-exporter runs with
+  ``--kubernetes-virtual-gpus`` (NVIDIA/dcgm-exporter internal/pkg/transformation/kubernetes.go,
+  ``PodMapper.Process`` at d5e5f51): while pods hold the GPU every device metric is written once per
+  pod, each copy with the device's value, that pod's ``pod``/``namespace``/``container`` (here
+  exported_*, scraped with honor_labels off) and ``vgpu="<replica>"`` (the device id's suffix after
+  ``::``); while no pod holds it, the one device-level series without pod labels (the "preserve the
+  original metric for GPUs not used by any pod" branch of d5e5f51; 4.5.2-4.8.1 dropped it as soon as
+  any GPU of the node had a pod). ``pod_uid`` is written only with --kubernetes-enable-pod-uid (off
+  here). Not modelled: from 4.5.3-4.8.2 (#594, fb5e3dc) DCGM_FI_DEV_GPU_UTIL and DCGM_FI_DEV_FB_USED are
+  per-process there: each pod's copy carries its own processes' SM utilization and memory (from NVML,
+  with ``pod_uid``), and the device-level series is kept beside them.
 * MIG: each GPU instance of a MIG GPU is a unit of its own (truth.gpu_units), labelled with the
   parent's ``gpu``/``UUID``/``device`` plus ``GPU_I_PROFILE``/``GPU_I_ID`` (in that order, before
   ``Hostname``) and its own holder; there is no whole-GPU series, and no GPU_UTIL, ECC or NVLink series
@@ -114,6 +127,8 @@ DCGM_METRICS = {  # dcgm-exporter name (stock counters) -> truth column, in the 
     "DCGM_FI_DEV_XID_ERRORS": "xid",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "nvlink_total",
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gr_active",
+    "DCGM_FI_PROF_SM_ACTIVE": "sm_active",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active",
 }
 NODE_METRICS = (
     "node_cpu_seconds_total",
@@ -263,17 +278,30 @@ def _series(
                         continue  # not reported by this unit (a slice's GPU_UTIL, ECC on the Helm chart)
                     instance = {"GPU_I_PROFILE": mig.profile, "GPU_I_ID": str(mig.instance)} if mig else {}
                     labels = _labels(**gpu, **instance, Hostname=node.name, **driver, **target)
-                    holder = track["holder"]
-                    for h in np.unique(holder[up]):
-                        held = labels
-                        if h >= 0:
+                    holders = track["holders"]  # a row per replica of a time-sliced GPU, else one
+                    virtual = mig is None and node.is_time_sliced(g)
+                    # one series per label set: a reused pod name back on the same unit continues its
+                    # predecessor's series (dcgm-exporter's labels carry no uid), written in time order
+                    series: dict[str, np.ndarray] = {}
+                    for r, row in enumerate(holders):
+                        for h in np.unique(row[up & (row >= 0)]):
                             p = scenario.pods[h]
-                            held += "," + _labels(
-                                exported_container=p.container,
-                                exported_namespace=p.namespace,
-                                exported_pod=p.name,
+                            held = (
+                                labels
+                                + ","
+                                + _labels(
+                                    exported_container=p.container,
+                                    exported_namespace=p.namespace,
+                                    exported_pod=p.name,
+                                    **({"vgpu": str(r)} if virtual else {}),
+                                )
                             )
-                        yield held, track[column], up & (holder == h)
+                            series[held] = series.get(held, False) | (up & (row == h))
+                    free = up & ~(holders >= 0).any(axis=0)
+                    if free.any():
+                        series[labels] = free
+                    for held, mask in series.items():
+                        yield held, track[column], mask
     elif family == "up":
         # A target's up carries the target's own labels: for dcgm-exporter, found by Kubernetes service
         # discovery, its pod's (which is how the ingest tells the exporter pod from a GPU's holder).
@@ -303,7 +331,7 @@ def _series(
             for p in scenario.pods:
                 alive = np.zeros(n, dtype=bool)
                 alive[p.start_s // scenario.step_s : p.end_s // scenario.step_s] = True
-                uid = truth.pod_uid(scenario, p.name)
+                uid = truth.pod_uid(scenario, p)
                 yield (
                     _labels(namespace=p.namespace, pod=p.name, uid=uid, label_experiment=p.experiment, **ksm),
                     ones,
@@ -317,10 +345,10 @@ def _series(
                     namespace=p.namespace,
                     pod=p.name,
                     container=p.container,
-                    uid=truth.pod_uid(scenario, p.name),
+                    uid=truth.pod_uid(scenario, p),
                     **ksm,
                 )
-                yield labels, truth.pod_restarts(scenario, p.name), alive
+                yield labels, truth.pod_restarts(scenario, p), alive
         elif family == "kube_node_labels":
             for node in scenario.nodes:
                 it = node.instance_type

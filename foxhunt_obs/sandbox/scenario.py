@@ -9,17 +9,17 @@ YAML layout (see scenarios/small.yaml for a commented example)::
 
     name, start, hours, scrape_interval_s, seed
     node_defaults: {instance_type, gpus, model, mem_mib, cpus, mem_gib, exporter}   # optional
-    nodes:        [{name, ...overrides, mig?}]  or  [name, ...]
+    nodes:        [{name, ...overrides, mig?, time_sliced?}]  or  [name, ...]
     experiments:  [{name, namespace}]
     pods:         [{name, experiment, node, gpus: [idx | "idx/gi"], start_h, end_h,  # hours, or "H:MM[:SS]"
                     util: {base, amplitude, period_h, noise}, container?}]
-    incidents:    [{kind: stall, pod, start_h, minutes}
+    incidents:    [{kind: stall, pod, namespace?, start_h, minutes}
                    {kind: ecc_sbe | ecc_dbe, node, gpu, start_h, minutes, count}
                    {kind: node_lost, node, start_h, minutes}
-                   {kind: oom_loop, pod, start_h, minutes, count}]   # the container restarts `count` times
+                   {kind: oom_loop, pod, namespace?, start_h, minutes, count}]   # `count` container restarts
     training:                                                             # optional: MLflow runs
       steps_per_hour: 12            # logging cadence: 3600 / steps_per_hour s, a multiple of the scrape
-      runs:         [{name, experiment, algo: PPO|DQN, fold, pod?, start_h?, end_h?,
+      runs:         [{name, experiment, algo: PPO|DQN, fold, pod? | pods?: [name, ...], start_h?, end_h?,
                       status: FINISHED|FAILED|KILLED|RUNNING, deleted?: false}]
       incidents:    [{kind: nan_loss, run, at_h, steps}        # `steps` logged steps bad: NaN.., last +Inf
                      {kind: entropy_collapse, run, at_h}       # actor/entropy ~0.01 from at_h on
@@ -28,16 +28,27 @@ YAML layout (see scenarios/small.yaml for a commented example)::
     aws:                                                                  # optional: see aws_scenario.py
       {account_id, region, tags, fsx: [...], billed: {s3_buckets, eks_cluster}, budget, incidents: [fsx_fill]}
 
+A pod is identified by (namespace, name, start), never by its name alone: its namespace is its
+experiment's, and a name may come back (a StatefulSet's ``trainer-0`` recreated later, on the same or
+another node) and may exist in several namespaces at once. Two pods of one namespace and name may not
+live at the same time and must carry the same experiment (a StatefulSet's pod template keeps its labels).
+``Pod.index`` (its position in the file) is what the truth and the generators refer to it by. Where the
+YAML names a pod (incidents, runs) the name must resolve to exactly one pod: by ``namespace`` where the
+name exists in several, and by the time of the incident or run where it exists several times.
+
 The ``training`` block describes MLflow runs (``training.py`` writes them into a real MLflow store).
-A run's ``experiment`` must be a scenario experiment (it becomes the MLflow experiment name). A run with a
-``pod`` inherits the pod's start_h/end_h unless given and must lie within the pod's lifetime; a run
-without one (a workstation, another cluster) must give start_h and, unless RUNNING, end_h. A run logs
+A run's ``experiment`` must be a scenario experiment (it becomes the MLflow experiment name), and its pods
+are looked up in that experiment's namespace. A run with a ``pod`` (or several: ``pods``, a Ray job's
+head and workers) inherits the latest start and the earliest end of its pods unless given and must lie
+within each pod's lifetime; its MLflow tag ``pod`` lists them comma-separated, ``namespace`` names their
+namespace. A run on a pod name that exists several times must give start_h (the incarnation it ran on).
+A run without one (a workstation, another cluster) must give start_h and, unless RUNNING, end_h. A run logs
 every metric at start + k * (3600 / steps_per_hour) for every such time before its end (exclusive), so
 start_h, end_h and every at_h must sit on that logging grid. A RUNNING run has no end time in MLflow: it
 logs until the scenario ends, or until its ``stall``; one that ends earlier (its pod ends) must carry a
 stall at or before that end (the trainer died and never terminated its run). A GPU ``stall`` incident
-on a run's pod pauses that run's logging for the stall's window (a hung trainer logs nothing); training
-incidents may not fall into such a pause. ``deleted: true`` deletes the run after it is logged.
+on one of a run's pods pauses that run's logging for the stall's window (a hung trainer logs nothing);
+training incidents may not fall into such a pause. ``deleted: true`` deletes the run after it is logged.
 
 The ``aws`` block (aws_scenario.py) describes the bills and FSx file systems: bills.py is their exact truth
 and moto_server.py seeds a moto server with it. It changes no Prometheus or MLflow sample.
@@ -59,6 +70,17 @@ nor their memory the GPU's. A MIG GPU has no whole-GPU holder: a pod holds a sli
 reports its own activity (DCGM_FI_PROF_GR_ENGINE_ACTIVE; no DCGM_FI_DEV_GPU_UTIL) and memory, and the
 GPU's device values (temperature, power, clocks, energy, XID) on each of its slices. Stall incidents need
 a pod holding whole GPUs and ECC incidents a whole GPU: the truth tells them per GPU.
+
+A node's ``time_sliced`` shares GPUs between pods by time-slicing (the NVIDIA device plugin's
+``sharing.timeSlicing``): ``time_sliced: {gpus: [1], replicas: 2}`` advertises each listed GPU as
+``replicas`` devices ``<GPU UUID>::0``, ``::1``, ... and up to that many pods may hold the GPU at the same
+time, each one replica: the lowest replica free when the pod starts (``Pod.vgpu``). It is the only case
+where two pods may hold one GPU at the same step; anywhere else that is an error. The node's
+dcgm-exporter runs with ``--kubernetes-virtual-gpus`` (openmetrics.py), so it must be a GPU Operator
+node (``exporter: gpu-operator``), and a time-sliced GPU may not be in MIG mode. (A real device plugin
+config shares every GPU of the node; listing GPUs keeps the other GPUs' series as they were, which is
+also what the exporter writes for a GPU that is not shared.) A stall on a pod holding a time-sliced GPU
+cannot be told from the GPU (the other pods keep it busy): stall incidents need unshared GPUs.
 """
 
 from __future__ import annotations
@@ -77,7 +99,7 @@ from foxhunt_obs.lib.analysis.mig import MigError, slice_share
 from foxhunt_obs.sandbox.aws_scenario import Aws, parse_aws
 
 # Bump whenever the generator writes different samples for the same YAML: it is part of the cache key.
-GENERATOR_VERSION = "6"
+GENERATOR_VERSION = "7"
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 INCIDENT_KINDS = ("stall", "ecc_sbe", "ecc_dbe", "node_lost", "oom_loop")
 TRAINING_INCIDENT_KINDS = ("nan_loss", "entropy_collapse", "success_drop", "stall")
@@ -131,6 +153,8 @@ class Node:
     mem_total_bytes: int
     exporter: str = "gpu-operator"  # one of EXPORTERS
     mig: tuple[MigSlice, ...] = ()  # the slices of its GPUs in MIG mode, by GPU then instance
+    time_sliced: tuple[int, ...] = ()  # GPUs shared by time-slicing, each as `replicas` devices
+    replicas: int = 1  # devices per time-sliced GPU: at most this many pods hold it at once
 
     def slices(self, gpu: int) -> tuple[MigSlice, ...]:
         """The GPU's MIG slices; () for a whole GPU."""
@@ -138,6 +162,13 @@ class Node:
 
     def is_mig(self, gpu: int) -> bool:
         return any(s.gpu == gpu for s in self.mig)
+
+    def is_time_sliced(self, gpu: int) -> bool:
+        return gpu in self.time_sliced
+
+    def replicas_of(self, gpu: int) -> int:
+        """How many pods may hold the GPU at once: ``replicas`` if time-sliced, else 1."""
+        return self.replicas if gpu in self.time_sliced else 1
 
 
 @dataclass(frozen=True)
@@ -170,6 +201,21 @@ class Pod:
     util: UtilProfile
     container: str = "trainer"
     slices: tuple[tuple[int, int], ...] = ()  # MIG slices held: (GPU, GPU instance id), "0/1" in YAML
+    index: int = -1  # position in the file: its identity (scenario.pods[index] is this pod)
+    vgpu: tuple[tuple[int, int], ...] = ()  # (GPU, replica) of each time-sliced GPU it holds
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """(namespace, name, start_s): who the pod is. A name alone may be reused or in two namespaces."""
+        return (self.namespace, self.name, self.start_s)
+
+    def replica(self, gpu: int) -> int | None:
+        """The replica (dcgm-exporter's ``vgpu`` label) it holds of a time-sliced GPU; None otherwise."""
+        return next((r for g, r in self.vgpu if g == gpu), None)
+
+    def describe(self) -> str:
+        """How messages name one pod among its namesakes: 'name' (namespace, start..end)."""
+        return f"{self.name!r} ({self.namespace}, {_h(self.start_s)}..{_h(self.end_s)})"
 
 
 @dataclass(frozen=True)
@@ -181,8 +227,9 @@ class Incident:
     end_s: int
     node: str
     gpu: int | None = None  # ecc_*
-    pod: str | None = None  # stall, oom_loop
+    pod: str | None = None  # stall, oom_loop: the pod's name
     count: int = 0  # ecc_*: errors added over the window; oom_loop: container restarts
+    pod_index: int | None = None  # stall, oom_loop: the pod (scenario.pods[pod_index])
 
 
 @dataclass(frozen=True)
@@ -196,13 +243,14 @@ class TrainingRun:
     namespace: str
     algo: str  # one of ALGOS
     fold: int
-    pod: str | None  # None: logged from outside the cluster
+    pod: str | None  # its MLflow tag `pod`: the pods' names, comma-separated; None: logged from outside
     status: str  # one of RUN_STATUSES
     deleted: bool
     start: datetime
     end: datetime
     start_s: int  # offsets from the scenario start, seconds
     end_s: int
+    pods: tuple[int, ...] = ()  # its pods (indexes in scenario.pods), in the order of the tag
 
 
 @dataclass(frozen=True)
@@ -267,6 +315,22 @@ class Scenario:
             if e.name == name:
                 return e
         raise KeyError(f"scenario {self.name}: no experiment {name!r}")
+
+    def pods_named(self, name: str, namespace: str | None = None) -> list[Pod]:
+        """Every pod with that name (in that namespace), in file order: a name may be reused."""
+        return [p for p in self.pods if p.name == name and namespace in (None, p.namespace)]
+
+    def pod(self, ref: Pod | int | str, namespace: str | None = None) -> Pod:
+        """A pod by Pod, index, or a name (and namespace) that must name exactly one pod."""
+        if isinstance(ref, Pod):
+            return ref
+        if isinstance(ref, int):
+            return self.pods[ref]
+        found = self.pods_named(ref, namespace)
+        if len(found) != 1:
+            which = ", ".join(p.describe() for p in found) or "none"
+            raise KeyError(f"scenario {self.name}: {ref!r} names {len(found)} pods ({which}), not one")
+        return found[0]
 
     def fingerprint(self) -> str:
         """Cache key of everything generated from this scenario."""
@@ -357,10 +421,13 @@ class _Parser:
         self.unique(experiments, "experiment")
         self.nodes = {n.name: n for n in nodes}
         self.experiments = {e.name: e for e in experiments}
-        pods = tuple(self.pod(p) for p in top["pods"])
-        self.unique(pods, "pod")
-        self.check_overlaps(pods)
-        self.pods = {p.name: p for p in pods}
+        pods = tuple(self.pod(i, p) for i, p in enumerate(top["pods"]))
+        self.check_identities(pods)
+        pods = self.check_overlaps(pods)
+        self.pods = pods
+        self.pods_by_name: dict[str, list[Pod]] = {}
+        for p in pods:
+            self.pods_by_name.setdefault(p.name, []).append(p)
         incidents = tuple(self.incident(i, d) for i, d in enumerate(top.get("incidents") or []))
         self.check_outages(pods, incidents)
         self.gpu_incidents = incidents
@@ -396,7 +463,7 @@ class _Parser:
     def node(self, i: int, d: Any, defaults: dict) -> Node:
         d = {"name": d} if isinstance(d, str) else d
         where = f"nodes[{i}]" + (f" ({d.get('name')!r})" if isinstance(d, dict) and "name" in d else "")
-        d = self.fields(d, where, {"name"}, {*_NODE_DEFAULTS, "mig"})
+        d = self.fields(d, where, {"name"}, {*_NODE_DEFAULTS, "mig", "time_sliced"})
         v = {**defaults, **d}
         if v["exporter"] not in EXPORTERS:
             raise self.fail(where, f"exporter must be one of {', '.join(EXPORTERS)}, got {v['exporter']!r}")
@@ -413,7 +480,39 @@ class _Parser:
         )
         if d.get("mig") is not None:
             node = replace(node, mig=self.mig(node, d["mig"], f"{where}: mig"))
+        if d.get("time_sliced") is not None:
+            node = self.time_sliced(node, d["time_sliced"], f"{where}: time_sliced")
         return node
+
+    def time_sliced(self, node: Node, d: Any, where: str) -> Node:
+        """``{gpus: [idx, ...], replicas: N}``: each listed GPU advertised as N devices <UUID>::0..N-1."""
+        d = self.fields(d, where, {"gpus", "replicas"})
+        replicas = d["replicas"]
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
+            raise self.fail(where, f"replicas must be a whole number >= 2, got {replicas!r}")
+        gpus = d["gpus"]
+        if (
+            not isinstance(gpus, list)
+            or not gpus
+            or not all(isinstance(g, int) and not isinstance(g, bool) for g in gpus)
+        ):
+            raise self.fail(where, f"gpus must be a non-empty list of GPU indexes, got {gpus!r}")
+        if len(set(gpus)) != len(gpus):
+            raise self.fail(where, f"gpus must not name a GPU twice, got {gpus!r}")
+        if node.exporter != "gpu-operator":
+            raise self.fail(
+                where,
+                f"{node.name}'s exporter is {node.exporter}: time-sliced GPUs are written as the GPU "
+                "Operator's dcgm-exporter with --kubernetes-virtual-gpus writes them (exporter: gpu-operator)",
+            )
+        for g in gpus:
+            if not 0 <= g < node.gpus:
+                raise self.fail(where, f"GPU index {g} out of range (node {node.name} has {node.gpus} GPUs)")
+            if node.is_mig(g):
+                raise self.fail(
+                    where, f"GPU {g} of {node.name} is in MIG mode: it cannot also be time-sliced"
+                )
+        return replace(node, time_sliced=tuple(sorted(gpus)), replicas=replicas)
 
     def mig(self, node: Node, d: Any, where: str) -> tuple[MigSlice, ...]:
         """``{gpu: [profile, ...]}``: GPU instance ids 1, 2, ... in the order listed."""
@@ -482,7 +581,7 @@ class _Parser:
     def at(self, offset_s: int) -> datetime:
         return self.start + timedelta(seconds=offset_s)
 
-    def pod(self, d: Any) -> Pod:
+    def pod(self, i: int, d: Any) -> Pod:
         where = f"pod {d.get('name') if isinstance(d, dict) else d!r}"
         d = self.fields(
             d, where, {"name", "experiment", "node", "gpus", "start_h", "end_h", "util"}, {"container"}
@@ -505,6 +604,7 @@ class _Parser:
             util=UtilProfile(**{k: float(v) for k, v in u.items()}),
             container=d.get("container", "trainer"),
             slices=slices,
+            index=i,
         )
 
     def held(self, node: Node, raw: Any, where: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
@@ -547,16 +647,85 @@ class _Parser:
             raise self.fail(where, f"gpus must not name a GPU or slice twice, got {raw!r}")
         return tuple(gpus), tuple(slices)
 
-    def check_overlaps(self, pods: tuple[Pod, ...]) -> None:
+    def check_identities(self, pods: tuple[Pod, ...]) -> None:
+        """A (namespace, name) lives once at a time, with one experiment: a reused name comes back later."""
+        seen: dict[tuple[str, str], list[Pod]] = {}
+        for p in pods:
+            for q in seen.setdefault((p.namespace, p.name), []):
+                if p.start_s < q.end_s and q.start_s < p.end_s:
+                    raise self.fail(
+                        f"pod {p.name!r}",
+                        f"defined twice in namespace {p.namespace} at the same time "
+                        f"({_h(q.start_s)}..{_h(q.end_s)} and {_h(p.start_s)}..{_h(p.end_s)}): a reused "
+                        "pod name must come back after the earlier pod is gone",
+                    )
+                if p.experiment != q.experiment:
+                    raise self.fail(
+                        f"pod {p.name!r}",
+                        f"comes back in namespace {p.namespace} with experiment {p.experiment!r}, "
+                        f"was {q.experiment!r}: a reused pod name keeps its labels",
+                    )
+            seen[(p.namespace, p.name)].append(p)
+
+    def check_overlaps(self, pods: tuple[Pod, ...]) -> tuple[Pod, ...]:
+        """No two pods hold a GPU or slice at the same step, except a time-sliced GPU's replicas: up to
+        ``replicas`` pods, each given the lowest replica free when it starts (pods by start, then file
+        order). Returns the pods with their ``vgpu``."""
         held: dict[tuple[str, int, int | None], list[Pod]] = {}
         units = lambda p: [(g, None) for g in p.gpus] + list(p.slices)  # noqa: E731
-        for p in pods:
+        vgpu: dict[int, list[tuple[int, int]]] = {p.index: [] for p in pods}
+        replica_of: dict[tuple[int, int], int] = {}  # (pod index, gpu) -> replica
+        for p in sorted(pods, key=lambda p: (p.start_s, p.index)):
+            node = self.nodes[p.node]
             for g, gi in units(p):
-                for q in held.setdefault((p.node, g, gi), []):
-                    if p.start_s < q.end_s and q.start_s < p.end_s:
-                        what = f"GPU {g}" if gi is None else f"GPU {g} MIG instance {gi}"
-                        raise self.fail(f"pod {p.name!r}", f"overlaps pod {q.name!r} on {p.node} {what}")
+                live = [q for q in held.setdefault((p.node, g, gi), []) if p.start_s < q.end_s]
+                what = f"GPU {g}" if gi is None else f"GPU {g} MIG instance {gi}"
+                if gi is None and node.is_time_sliced(g):
+                    busy = {replica_of[(q.index, g)] for q in live}
+                    if len(busy) >= node.replicas:
+                        names = ", ".join(q.describe() for q in live)
+                        raise self.fail(
+                            f"pod {p.name!r}",
+                            f"would be pod {len(busy) + 1} on {p.node} {what} at {_h(p.start_s)}, which is "
+                            f"time-sliced into {node.replicas} replicas (held by {names})",
+                        )
+                    r = min(set(range(node.replicas)) - busy)
+                    replica_of[(p.index, g)] = r
+                    vgpu[p.index].append((g, r))
+                elif live:
+                    hint = "" if gi is not None else " (a GPU two pods share needs the node's time_sliced)"
+                    raise self.fail(
+                        f"pod {p.name!r}", f"overlaps pod {live[0].name!r} on {p.node} {what}{hint}"
+                    )
                 held[(p.node, g, gi)].append(p)
+        return tuple(replace(p, vgpu=tuple(sorted(vgpu[p.index]))) for p in pods)
+
+    def pod_ref(
+        self, name: Any, namespace: str | None, where: str, window: tuple[int, int] | None = None
+    ) -> Pod:
+        """The one pod a YAML reference means: by name, then namespace, then the (start_s, end_s) window
+        it must contain when the name was used more than once."""
+        found = self.pods_by_name.get(name) if isinstance(name, str) else None
+        if not found:
+            raise self.fail(where, f"unknown pod {name!r} (known: {', '.join(self.pods_by_name)})")
+        if namespace is not None:
+            ours = [p for p in found if p.namespace == namespace]
+            if not ours:
+                elsewhere = ", ".join(sorted({p.namespace for p in found}))
+                raise self.fail(where, f"no pod {name!r} in namespace {namespace} (only in {elsewhere})")
+            found = ours
+        if len(found) == 1:
+            return found[0]
+        if window is not None:
+            s, e = window
+            inside = [p for p in found if p.start_s <= s and e <= p.end_s]
+            if len(inside) == 1:
+                return inside[0]
+        which = ", ".join(p.describe() for p in found)
+        need = "a namespace and a time" if len({p.namespace for p in found}) > 1 else "a time"
+        raise self.fail(
+            where, f"pod {name!r} names {len(found)} pods ({which}): give {need} inside one of them"
+        )
 
     def incident(self, i: int, d: Any) -> Incident:
         kind = d.get("kind") if isinstance(d, dict) else None
@@ -564,28 +733,44 @@ class _Parser:
         if kind not in INCIDENT_KINDS:
             raise self.fail(where, f"kind must be one of {', '.join(INCIDENT_KINDS)}")
         if kind == "stall":
-            d = self.fields(d, where, {"kind", "pod", "start_h", "minutes"})
-            pod = self.known(self.pods, d["pod"], "pod", where)
+            d = self.fields(d, where, {"kind", "pod", "start_h", "minutes"}, {"namespace"})
+            s, e = self.window(d, where, "minutes")
+            pod = self.pod_ref(d["pod"], d.get("namespace"), where, (s, e))
             if pod.slices:
                 raise self.fail(
                     where,
                     f"pod {pod.name!r} holds MIG slices ({', '.join(f'{g}/{i}' for g, i in pod.slices)}): "
                     "a stall needs a pod holding whole GPUs",
                 )
-            s, e = self.window(d, where, "minutes")
+            if pod.vgpu:
+                raise self.fail(
+                    where,
+                    f"pod {pod.name!r} holds time-sliced GPU(s) ({', '.join(str(g) for g, _ in pod.vgpu)}) "
+                    f"of {pod.node}: a stall needs a pod holding unshared GPUs",
+                )
             if not pod.start_s <= s < e <= pod.end_s:
                 raise self.fail(where, f"the stall must lie within pod {pod.name!r}'s lifetime")
-            return Incident(kind, self.at(s), self.at(e), s, e, node=pod.node, pod=pod.name)
+            return Incident(
+                kind, self.at(s), self.at(e), s, e, node=pod.node, pod=pod.name, pod_index=pod.index
+            )
         if kind == "oom_loop":
-            d = self.fields(d, where, {"kind", "pod", "start_h", "minutes", "count"})
-            pod = self.known(self.pods, d["pod"], "pod", where)
+            d = self.fields(d, where, {"kind", "pod", "start_h", "minutes", "count"}, {"namespace"})
             s, e = self.window(d, where, "minutes")
+            pod = self.pod_ref(d["pod"], d.get("namespace"), where, (s, e))
             if not pod.start_s <= s < e <= pod.end_s:
                 raise self.fail(where, f"the restarts must lie within pod {pod.name!r}'s lifetime")
             if int(d["count"]) < 1:
                 raise self.fail(where, "count must be at least 1")
             return Incident(
-                kind, self.at(s), self.at(e), s, e, node=pod.node, pod=pod.name, count=int(d["count"])
+                kind,
+                self.at(s),
+                self.at(e),
+                s,
+                e,
+                node=pod.node,
+                pod=pod.name,
+                count=int(d["count"]),
+                pod_index=pod.index,
             )
         if kind == "node_lost":
             d = self.fields(d, where, {"kind", "node", "start_h", "minutes"})
@@ -668,16 +853,19 @@ class _Parser:
             )
         return s
 
-    def pauses(self, pod: str | None) -> list[tuple[int, int]]:
-        """GPU stall windows of a pod: its run logs nothing while the trainer hangs."""
-        return [
-            (i.start_s, i.end_s) for i in self.gpu_incidents if i.kind == "stall" and pod and i.pod == pod
-        ]
+    def pauses(self, pods: tuple[int, ...]) -> list[tuple[int, int]]:
+        """GPU stall windows of a run's pods (indexes): the run logs nothing while a trainer hangs."""
+        return sorted(
+            (i.start_s, i.end_s) for i in self.gpu_incidents if i.kind == "stall" and i.pod_index in pods
+        )
 
     def training_run(self, i: int, d: Any) -> TrainingRun:
         where = f"training.runs[{i}]" + (f" ({d.get('name')!r})" if isinstance(d, dict) else "")
         d = self.fields(
-            d, where, {"name", "experiment", "algo", "fold", "status"}, {"pod", "start_h", "end_h", "deleted"}
+            d,
+            where,
+            {"name", "experiment", "algo", "fold", "status"},
+            {"pod", "pods", "start_h", "end_h", "deleted"},
         )
         exp = self.known(self.experiments, d["experiment"], "experiment", where)
         if d["algo"] not in ALGOS:
@@ -690,15 +878,27 @@ class _Parser:
         deleted = d.get("deleted", False)
         if not isinstance(deleted, bool):
             raise self.fail(where, f"deleted must be true or false, got {deleted!r}")
-        pod = None
-        if d.get("pod") is not None:
-            pod = self.known(self.pods, d["pod"], "pod", where)
-            if pod.experiment != exp.name:
-                raise self.fail(
-                    where, f"pod {pod.name!r} runs experiment {pod.experiment!r}, not {exp.name!r}"
-                )
+        if "pod" in d and "pods" in d:
+            raise self.fail(where, "give pod (one) or pods (several), not both")
+        names = d.get("pods") if "pods" in d else ([d["pod"]] if d.get("pod") is not None else [])
+        if "pods" in d and (
+            not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names)
+        ):
+            raise self.fail(where, f"pods must be a non-empty list of pod names, got {names!r}")
+        if len(set(names)) != len(names):
+            raise self.fail(where, f"pods must not name a pod twice, got {names!r}")
+        s = self.log_offset(d["start_h"], where, "start_h") if "start_h" in d else None
+        e = self.log_offset(d["end_h"], where, "end_h") if "end_h" in d else None
+        pods: list[Pod] = []
+        for name in names:
+            found = [p for p in self.pods_by_name.get(name, []) if p.experiment == exp.name]
+            if not found and self.pods_by_name.get(name):
+                others = ", ".join(sorted({p.experiment for p in self.pods_by_name[name]}))
+                raise self.fail(where, f"pod {name!r} runs experiment {others!r}, not {exp.name!r}")
+            window = None if s is None else (s, e if e is not None else s + self.log_step)
+            pods.append(self.pod_ref(name, exp.namespace, where, window))
 
-        def inherited(key: str, offset_s: int) -> int:
+        def inherited(key: str, pod: Pod, offset_s: int) -> int:
             if offset_s % self.log_step:
                 raise self.fail(
                     where,
@@ -707,28 +907,30 @@ class _Parser:
                 )
             return offset_s
 
-        if "start_h" in d:
-            s = self.log_offset(d["start_h"], where, "start_h")
-        elif pod:
-            s = inherited("start_h", pod.start_s)
-        else:
-            raise self.fail(where, "a run without a pod needs start_h")
-        if "end_h" in d:
-            e = self.log_offset(d["end_h"], where, "end_h")
-        elif pod:
-            e = inherited("end_h", pod.end_s)
-        elif d["status"] == "RUNNING":
-            e = self.hours * 3600
-        else:
-            raise self.fail(where, "a run without a pod needs end_h (only a RUNNING one may leave it out)")
+        if s is None:
+            if not pods:
+                raise self.fail(where, "a run without a pod needs start_h")
+            latest = max(pods, key=lambda p: p.start_s)
+            s = inherited("start_h", latest, latest.start_s)
+        if e is None:
+            if pods:
+                earliest = min(pods, key=lambda p: p.end_s)
+                e = inherited("end_h", earliest, earliest.end_s)
+            elif d["status"] == "RUNNING":
+                e = self.hours * 3600
+            else:
+                raise self.fail(
+                    where, "a run without a pod needs end_h (only a RUNNING one may leave it out)"
+                )
         if not 0 <= s < e <= self.hours * 3600:
             raise self.fail(where, f"window {_h(s)}..{_h(e)} is empty or outside 0..{self.hours}h")
-        if pod and not pod.start_s <= s < e <= pod.end_s:
-            raise self.fail(
-                where,
-                f"window {_h(s)}..{_h(e)} must lie within the lifetime of pod {pod.name!r} "
-                f"({_h(pod.start_s)}..{_h(pod.end_s)})",
-            )
+        for pod in pods:
+            if not pod.start_s <= s < e <= pod.end_s:
+                raise self.fail(
+                    where,
+                    f"window {_h(s)}..{_h(e)} must lie within the lifetime of pod {pod.name!r} "
+                    f"({_h(pod.start_s)}..{_h(pod.end_s)})",
+                )
         return TrainingRun(
             name=str(d["name"]),
             index=i,
@@ -736,13 +938,14 @@ class _Parser:
             namespace=exp.namespace,
             algo=d["algo"],
             fold=fold,
-            pod=pod.name if pod else None,
+            pod=",".join(p.name for p in pods) if pods else None,
             status=d["status"],
             deleted=deleted,
             start=self.at(s),
             end=self.at(e),
             start_s=s,
             end_s=e,
+            pods=tuple(p.index for p in pods),
         )
 
     def training_incident(self, i: int, d: Any) -> TrainingIncident:
@@ -776,7 +979,7 @@ class _Parser:
                 raise self.fail(
                     where, f"{steps} bad steps from at_h={d['at_h']} run past the run's end ({span})"
                 )
-        for ps, pe in self.pauses(run.pod):
+        for ps, pe in self.pauses(run.pods):
             if at < pe and ps <= last:
                 raise self.fail(
                     where,
@@ -814,7 +1017,7 @@ class _Parser:
             logged = sum(
                 1
                 for t in range(r.start_s, stop, self.log_step)
-                if not any(ps <= t < pe for ps, pe in self.pauses(r.pod))
+                if not any(ps <= t < pe for ps, pe in self.pauses(r.pods))
             )
             if not logged:
                 raise self.fail(f"training run {r.name!r}", "logs no step at all")

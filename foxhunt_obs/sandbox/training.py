@@ -130,10 +130,10 @@ def _incident(scenario: Scenario, run: TrainingRun, kind: str):
 
 
 def pause_windows(scenario: Scenario, run: TrainingRun) -> list[tuple[int, int]]:
-    """(start_s, end_s) of the GPU stalls on the run's pod: the run logs nothing then."""
-    if run.pod is None:
-        return []
-    return [(i.start_s, i.end_s) for i in scenario.incidents if i.kind == "stall" and i.pod == run.pod]
+    """(start_s, end_s) of the GPU stalls on the run's pods: the run logs nothing then."""
+    return sorted(
+        (i.start_s, i.end_s) for i in scenario.incidents if i.kind == "stall" and i.pod_index in run.pods
+    )
 
 
 def log_offsets(scenario: Scenario, run: TrainingRun) -> np.ndarray:
@@ -218,7 +218,9 @@ def _params(scenario: Scenario, run: TrainingRun) -> dict[str, str]:
 
 
 def run_tags(run: TrainingRun) -> dict[str, str]:
-    """Tags of the run. A run without a pod (logged from outside the cluster) has no ``pod`` tag."""
+    """Tags of the run: ``namespace`` (its experiment's), ``pod`` its pods' names comma-separated (a Ray
+    job's "<run>-head,<run>-worker-0,<run>-worker-1"). A run without a pod (logged from outside the
+    cluster) has no ``pod`` tag."""
     tags = {
         "namespace": run.namespace,
         "experiment": run.experiment,

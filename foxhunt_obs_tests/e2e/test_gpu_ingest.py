@@ -39,7 +39,12 @@ GPU_CANONICAL = [
     "nvlink_bandwidth_total",
     "gr_engine_active",
 ]
-KEY = ["ts", "uuid", "gpu_instance"]  # a GPU, or a MIG slice of it, at a scrape
+KEY = [
+    "ts",
+    "uuid",
+    "gpu_instance",
+    "vgpu",
+]  # a GPU, a MIG slice of it, or a pod's copy (time-sliced), at a scrape
 
 
 def _keyed(df: pd.DataFrame) -> pd.DataFrame:
@@ -103,14 +108,23 @@ def test_gpu_samples_equal_the_ground_truth(small, ingested):
         assert (m[col] == m[f"{col}_t"]).all(), col
     assert (m["util_basis"] == m["util_basis_t"]).all()  # GR_ENGINE_ACTIVE on slices, GPU_UTIL elsewhere
     np.testing.assert_array_equal(m["gpu_share"], m["gpu_share_t"])
-    for col in GPU_CANONICAL:
+    for col in (*GPU_CANONICAL, "sm_active", "tensor_active"):
         np.testing.assert_allclose(m[col], m[f"{col}_t"], rtol=1e-9, atol=1e-9, err_msg=col)
     assert (got["step_seconds"] == small.step_s).all()
+    # the time-sliced GPU: each of the k pods on it at a scrape stands for 1/k of the step
+    np.testing.assert_allclose(m["step_share"], 1 / _holders_at_step(m, "_t"), rtol=1e-12)
+    assert (m["step_share"] == 0.5).sum() > 0 and set(m.loc[m["step_share"] == 0.5, "vgpu"]) == {"0", "1"}
     # util means per experiment within 0.005
     mean_t = expected.groupby("experiment")["util"].mean()
     mean = got.groupby("experiment")["util"].mean()
     assert set(mean.index) == set(mean_t.index) and "unattributed" in mean.index
     assert (abs(mean - mean_t) < 0.005).all()
+
+
+def _holders_at_step(df: pd.DataFrame, suffix: str = "") -> pd.Series:
+    """k: the rows (pods' copies) of the row's GPU or slice at its scrape, by the truth's pods."""
+    k = df.groupby(["ts", "uuid", "gpu_instance"])[f"pod{suffix}"].transform("size")
+    return k.astype(float)
 
 
 def test_idle_gpus_have_no_pod_and_are_unattributed(ingested):
@@ -251,21 +265,31 @@ def test_node_samples(small, ingested):
 
 
 def test_gpu_hourly_rolls_up_the_samples(small, ingested):
+    """One row per GPU-hour (or slice-hour) and holder: each pod's scrapes (a time-sliced one's at 1/k of
+    the step), its util and active GPU-seconds; the part no pod held is the pod '' row."""
     hourly = _keyed(_lake_df(ingested, "gpu_hourly", "hour, node, gpu, gpu_instance"))
     expected = _keyed(truth.gpu_samples(small))
     expected["hour"] = expected["ts"].dt.floor("h")
+    expected["secs"] = small.step_s / _holders_at_step(expected)
+    expected["active"] = expected["util"] * expected["secs"] * expected["gpu_share"]
+    unit = ["hour", "uuid", "gpu_instance"]
     g = (
-        expected.groupby(["hour", "uuid", "gpu_instance"])
-        .agg(util_mean=("util", "mean"), n=("util", "size"), share=("gpu_share", "first"))
+        expected.groupby([*unit, "namespace", "pod"])
+        .agg(util_mean=("util", "mean"), n=("util", "size"), secs=("secs", "sum"), active=("active", "sum"))
         .reset_index()
     )
-    m = g.merge(hourly, on=["hour", "uuid", "gpu_instance"], suffixes=("_t", ""))
+    m = g.merge(hourly, on=[*unit, "namespace", "pod"], suffixes=("_t", ""))
     assert len(m) == len(g) == len(hourly)
     assert (m["samples"] == m["n"]).all()
     np.testing.assert_allclose(m["util_mean"], m["util_mean_t"], atol=1e-9)
-    # GPU-seconds: a slice's activity counts for its share of the GPU
-    want = m["util_mean_t"] * m["n"] * small.step_s * m["share"]
-    np.testing.assert_allclose(m["active_gpu_seconds"], want, rtol=1e-9)
+    np.testing.assert_allclose(m["seconds_with_data"], m["secs"], rtol=1e-12)
+    np.testing.assert_allclose(m["held_seconds"], np.where(m["pod"] == "", 0.0, m["secs"]), rtol=1e-12)
+    # GPU-seconds: a slice's activity counts for its share of the GPU, a time-sliced pod's for its 1/k
+    np.testing.assert_allclose(m["active_gpu_seconds"], m["active"], rtol=1e-9)
+    # a unit-hour's rows add up to the unit's seconds; the hand-off hour has two holders
+    np.testing.assert_allclose(m.groupby(unit)["seconds_with_data"].transform("sum"), m["device_seconds"])
+    assert (m.groupby(unit)["pod"].transform(lambda p: (p != "").sum()) == m["pods_seen"]).all()
+    assert m["pods_seen"].max() >= 2
     assert ingested.partitions(GPU_HOURLY) == [DAY]
     # a MIG GPU's energy counter is on each of its slices: split over them, it is counted once
     (node,) = [n for n in small.nodes if n.mig]

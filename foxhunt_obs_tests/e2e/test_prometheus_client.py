@@ -45,8 +45,12 @@ def test_instant_query_and_connection_check(small, prometheus):
     client.check()
     at = (small.start + timedelta(hours=1)).timestamp()
     rows = client.query("count(DCGM_FI_DEV_GPU_UTIL)", at)
-    # whole GPUs only: a MIG GPU's slices report no GPU_UTIL
-    assert rows == [({}, float(sum(n.gpus for n in small.nodes) - sum(n.is_mig(0) for n in small.nodes)))]
+    # whole GPUs only (a MIG GPU's slices report no GPU_UTIL), a time-sliced one once per pod on it
+    whole = sum(n.gpus for n in small.nodes) - sum(n.is_mig(0) for n in small.nodes)
+    samples = truth.gpu_samples(small)
+    at_hour = samples[(samples["ts"] == small.start + timedelta(hours=1)) & samples["gpu_instance"].isna()]
+    assert len(at_hour) == whole + 1  # ip-10-0-1-12's GPU 1 is shared by two pods at 01:00
+    assert rows == [({}, float(len(at_hour)))]
 
 
 def test_too_many_points_names_url_query_window_step_and_prometheus_error(small, prometheus):

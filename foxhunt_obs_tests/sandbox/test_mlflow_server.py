@@ -103,7 +103,7 @@ def test_metric_histories_equal_the_truth(client, found, small):
         assert [m.timestamp for m in got] == (want["ts"].astype("int64")).tolist(), (name, key)
         np.testing.assert_array_equal(np.array([m.value for m in got]), training.as_stored(want["value"]))
         compared += len(got)
-    assert compared == len(metrics) == 1208
+    assert compared == len(metrics) == 1696
     loss = client.get_metric_history(found["dqn-atari-f0"].info.run_id, "actor/loss")
     bad = {m.step: m.value for m in loss if not math.isfinite(m.value) or m.value > 1e300}
     assert math.isnan(bad[24]) and math.isnan(bad[25]) and bad[26] == 1.7976931348623157e308 and len(bad) == 3

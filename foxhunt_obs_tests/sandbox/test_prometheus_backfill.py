@@ -94,12 +94,26 @@ def test_failed_promtool_raises_and_caches_nothing(small, tmp_path, monkeypatch)
 
 
 def test_gpu_count_follows_the_lost_node(server):
-    # 2 + 2 whole GPUs, and ip-10-0-1-13's GPU 1 (its GPU 0 is in MIG mode: no GPU_UTIL on its slices)
-    assert instant(server.url, "count(DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=1))[0]["value"][1] == "5"
-    # GR_ENGINE_ACTIVE on all 7 units, slices included (01:30: no holder changed in the last 5 minutes,
-    # whose samples a backfilled series without staleness markers would still repeat)
+    # 2 + 2 whole GPUs, and ip-10-0-1-13's GPU 1 (its GPU 0 is in MIG mode: no GPU_UTIL on its slices);
+    # at 01:00 two pods share ip-10-0-1-12's time-sliced GPU 1: a copy of its series each
+    assert (
+        instant(server.url, "count(DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(minutes=45))[0]["value"][1] == "5"
+    )
+    shared = instant(
+        server.url, 'DCGM_FI_DEV_GPU_UTIL{Hostname="ip-10-0-1-12",gpu="1"}', T0 + timedelta(hours=1)
+    )
+    assert sorted(
+        (r["metric"]["exported_namespace"], r["metric"]["exported_pod"], r["metric"]["vgpu"]) for r in shared
+    ) == [
+        ("rl-atari", "trainer-0", "1"),
+        ("rl-train", "trainer-0", "0"),
+    ]
+    assert len({r["value"][1] for r in shared}) == 1  # the device's value on each copy
+    # GR_ENGINE_ACTIVE on all 7 units, slices included, plus the shared GPU's second copy (01:30: no
+    # holder changed in the last 5 minutes, whose samples a backfilled series without staleness markers
+    # would still repeat)
     gr = instant(server.url, "count(DCGM_FI_PROF_GR_ENGINE_ACTIVE)", T0 + timedelta(hours=1, minutes=30))
-    assert gr[0]["value"][1] == "7"
+    assert gr[0]["value"][1] == "8"
     # 04:00: ip-10-0-1-12 has been silent for an hour (lost 03:00-05:00)
     got = instant(server.url, "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=4))
     assert {r["metric"]["Hostname"]: r["value"][1] for r in got} == {"ip-10-0-1-11": "2", "ip-10-0-1-13": "1"}
@@ -138,6 +152,11 @@ def test_gpu_count_follows_the_lost_node(server):
         ("DCGM_FI_DEV_FB_USED", "fb_used_mib", "ip-10-0-1-13", 0, 3.5, 2),  # its pod ends at 04:00
         ("DCGM_FI_DEV_POWER_USAGE", "power_w", "ip-10-0-1-13", 0, 1, 1),  # the GPU's, on each slice
         ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_active", "ip-10-0-1-13", 1, 1.5, None),  # a whole GPU's
+        # ip-10-0-1-12's time-sliced GPU 1: the Ray head, then two trainer-0s (two namespaces) at once
+        ("DCGM_FI_DEV_GPU_UTIL", "util_pct", "ip-10-0-1-12", 1, 0.25, None),
+        ("DCGM_FI_DEV_FB_USED", "fb_used_mib", "ip-10-0-1-12", 1, 2, None),  # shared, then no pod 02:45
+        ("DCGM_FI_PROF_SM_ACTIVE", "sm_active", "ip-10-0-1-11", 0, 4.5, None),  # trainer-0 to 05:20
+        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active", "ip-10-0-1-11", 1, 0, None),
     ],
 )
 def test_range_query_returns_the_truth(server, small, metric, column, node, gpu, hour, gi):
@@ -160,7 +179,12 @@ def test_range_query_returns_the_truth(server, small, metric, column, node, gpu,
     for series in result:
         # A series is one holder of the GPU. Prometheus also repeats a series' last sample for up to
         # 5 minutes after it ends (backfill has no staleness markers): the ts-and-holder join drops those.
-        mine = want[want["pod"] == series["metric"].get("exported_pod", "")]
+        labels = series["metric"]
+        mine = want[
+            (want["pod"] == labels.get("exported_pod", ""))
+            & (want["namespace"] == labels.get("exported_namespace", ""))
+            & (want["vgpu"] == labels.get("vgpu", ""))
+        ]
         expected = dict(zip(mine["ts"].astype("int64") // 10**9, mine[column]))
         for ts, value in series["values"]:
             if ts in expected:
@@ -299,7 +323,8 @@ def test_up_status_down(cache, tmp_path):
         assert info["scenario"] == "small" and info["start"] == "2026-11-16T00:00:00+00:00"
         assert prometheus.status(state) == info
         assert (
-            instant(info["url"], "count(DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(hours=1))[0]["value"][1] == "5"
+            instant(info["url"], "count(DCGM_FI_DEV_GPU_UTIL)", T0 + timedelta(minutes=45))[0]["value"][1]
+            == "5"
         )
     finally:
         prometheus.down(state)

@@ -60,6 +60,26 @@ def test_small_loads(small):
     }
     assert not [i for i in small.incidents if i.node == "ip-10-0-1-13"]
     assert len(small.fingerprint()) == 64
+    # ip-10-0-1-12's GPU 1 is time-sliced into 2 replicas; each pod on it holds one (vgpu)
+    n2 = small.node("ip-10-0-1-12")
+    assert (n2.time_sliced, n2.replicas) == ((1,), 2) and not small.nodes[0].time_sliced
+    shared = {(p.name, p.namespace, p.start_s): p.vgpu for p in small.pods if p.vgpu}
+    assert shared == {
+        ("dqn-atari-learner-1", "rl-atari", 5 * 3600): ((1, 0),),
+        ("ppo-humanoid-ray-head", "rl-train", 0): ((1, 0),),
+        ("trainer-0", "rl-train", 1800): ((1, 0),),
+        ("trainer-0", "rl-atari", 3600): ((1, 1),),
+    }
+    # a pod is (namespace, name, start): trainer-0 three times, twice in rl-train
+    assert [p.key for p in small.pods_named("trainer-0")] == [
+        ("rl-train", "trainer-0", 1800),
+        ("rl-atari", "trainer-0", 3600),
+        ("rl-train", "trainer-0", 4 * 3600 + 1800),
+    ]
+    assert all(p.index == i for i, p in enumerate(small.pods))
+    with pytest.raises(KeyError, match="names 2 pods"):
+        small.pod("trainer-0", "rl-train")
+    assert small.pod("trainer-0", "rl-atari").start_s == 3600
 
 
 def test_load_by_path_and_fingerprint(tmp_path):
@@ -75,7 +95,10 @@ def test_load_by_path_and_fingerprint(tmp_path):
 def test_default_keeps_incidents_in_last_day():
     sc = load_scenario("default")
     assert sc.start.weekday() == 0 and sc.hours == 168 and len(sc.nodes) == 3
-    assert sum(n.gpus for n in sc.nodes) == 24 and len(sc.experiments) == 3 and 10 <= len(sc.pods) <= 15
+    assert sum(n.gpus for n in sc.nodes) == 24 and len(sc.experiments) == 3 and 20 <= len(sc.pods) <= 30
+    (shared,) = [n for n in sc.nodes if n.time_sliced]
+    assert shared.exporter == "gpu-operator" and (shared.time_sliced, shared.replicas) == ((5,), 2)
+    assert len(sc.pods_named("trainer-0", "rl-locomotion")) == 2 and len(sc.pods_named("trainer-0")) == 3
     (mig,) = [n for n in sc.nodes if n.mig]
     assert mig.exporter == "helm-chart" and [m.profile for m in mig.mig] == ["3g.40gb", "3g.40gb"]
     assert {p.slices for p in sc.pods if p.slices} == {((0, 1),), ((0, 2),)}
@@ -199,7 +222,81 @@ BAD = {
         lambda r: _incident(r, "ecc_sbe").update(node="ip-10-0-1-13", gpu=1),
         "ip-10-0-1-13's exporter (helm-chart) exports no ECC counters",
     ),
+    # time-slicing, and pods known by (namespace, name, start)
+    "time-sliced on the helm chart": (
+        lambda r: _node(r, "ip-10-0-1-13").update(time_sliced={"gpus": [1], "replicas": 2}),
+        "time_sliced: ip-10-0-1-13's exporter is helm-chart: time-sliced GPUs are written as the GPU Operator's",
+    ),
+    "time-sliced mig gpu": (
+        lambda r: _node(r, "ip-10-0-1-12").update(
+            time_sliced={"gpus": [1], "replicas": 2}, mig={1: ["3g.40gb"]}
+        ),
+        "GPU 1 of ip-10-0-1-12 is in MIG mode: it cannot also be time-sliced",
+    ),
+    "time-sliced one replica": (
+        lambda r: _node(r, "ip-10-0-1-12").update(time_sliced={"gpus": [1], "replicas": 1}),
+        "replicas must be a whole number >= 2, got 1",
+    ),
+    "time-sliced gpu out of range": (
+        lambda r: _node(r, "ip-10-0-1-12").update(time_sliced={"gpus": [2], "replicas": 2}),
+        "time_sliced: GPU index 2 out of range",
+    ),
+    "time-sliced unknown field": (
+        lambda r: _node(r, "ip-10-0-1-12").update(time_sliced={"gpus": [1], "replicas": 2, "mode": "mps"}),
+        "time_sliced: unknown field(s) mode",
+    ),
+    "a third pod on two replicas": (
+        lambda r: _pod(r, "ppo-humanoid-ray-head").update(end_h=1.5),
+        "pod 'trainer-0': would be pod 3 on ip-10-0-1-12 GPU 1 at 1h, which is time-sliced into 2 replicas "
+        "(held by 'ppo-humanoid-ray-head' (rl-train, 0h..1.5h), 'trainer-0' (rl-train, 0.5h..2.5h))",
+    ),
+    "two pods on an unshared gpu": (
+        lambda r: _pod(r, "dqn-atari-learner-3").update(start_h=5),
+        "pod 'dqn-atari-learner-3': overlaps pod 'trainer-0' on ip-10-0-1-11 GPU 0 (a GPU two pods share "
+        "needs the node's time_sliced)",
+    ),
+    "a reused name alive twice": (
+        lambda r: _pods(r, "trainer-0")[2].update(start_h=2),
+        "pod 'trainer-0': defined twice in namespace rl-train at the same time (0.5h..2.5h and 2h..5:20)",
+    ),
+    "a reused name with other labels": (
+        lambda r: (
+            r["experiments"].append({"name": "sac-walker", "namespace": "rl-train"})
+            or _pods(r, "trainer-0")[2].update(experiment="sac-walker")
+        ),
+        "comes back in namespace rl-train with experiment 'sac-walker', was 'ppo-humanoid'",
+    ),
+    "an ambiguous pod name": (
+        lambda r: r["incidents"].append(
+            {"kind": "oom_loop", "pod": "trainer-0", "start_h": 1, "minutes": 10, "count": 1}
+        ),
+        "pod 'trainer-0' names 3 pods ('trainer-0' (rl-train, 0.5h..2.5h), 'trainer-0' (rl-atari, 1h..2.75h), "
+        "'trainer-0' (rl-train, 4.5h..5:20)): give a namespace and a time inside one of them",
+    ),
+    "a pod in no such namespace": (
+        lambda r: r["incidents"].append(
+            {
+                "kind": "oom_loop",
+                "pod": "trainer-0",
+                "namespace": "rl-eval",
+                "start_h": 1,
+                "minutes": 10,
+                "count": 1,
+            }
+        ),
+        "no pod 'trainer-0' in namespace rl-eval (only in rl-atari, rl-train)",
+    ),
+    "a stall on a time-sliced gpu": (
+        lambda r: r["incidents"].append(
+            {"kind": "stall", "pod": "trainer-0", "namespace": "rl-atari", "start_h": 2, "minutes": 30}
+        ),
+        "pod 'trainer-0' holds time-sliced GPU(s) (1) of ip-10-0-1-12: a stall needs a pod holding unshared GPUs",
+    ),
 }
+
+
+def _pods(raw, name):
+    return [p for p in raw["pods"] if p["name"] == name]
 
 
 def _node(raw, name):
@@ -221,14 +318,20 @@ def test_validation_errors(case):
 def test_gpu_rows_cover_the_grid_minus_lost_scrapes(small, gpus):
     lost = truth.lost_windows(small)
     assert [(w.node, w.start.hour, w.end.hour, w.count) for w in lost] == [("ip-10-0-1-12", 3, 5, 480)]
-    # 7 units per scrape: 2 + 2 whole GPUs, then ip-10-0-1-13's two MIG slices of GPU 0 and whole GPU 1
-    assert len(gpus) == 7 * small.steps - 2 * 480
+    # 7 units per scrape: 2 + 2 whole GPUs, then ip-10-0-1-13's two MIG slices of GPU 0 and whole GPU 1;
+    # plus a second row per scrape while two pods share ip-10-0-1-12's time-sliced GPU 1 (01:00-02:30)
+    assert len(gpus) == 7 * small.steps - 2 * 480 + 90 * 4
     assert gpus["ts"].dtype == "datetime64[ns, UTC]"
     assert gpus["ts"].min() == pd.Timestamp(small.start) and gpus["ts"].max() == pd.Timestamp(
         small.end
     ) - pd.Timedelta(15, "s")
     assert (gpus["ts"].astype("int64") // 10**9 % 15 == 0).all()
-    assert not gpus.duplicated(["ts", "node", "gpu", "gpu_instance"]).any()
+    assert not gpus.duplicated(["ts", "node", "gpu", "gpu_instance", "vgpu"]).any()
+    assert not gpus.duplicated(["ts", "node", "gpu", "gpu_instance", "namespace", "pod"]).any()
+    twice = gpus.duplicated(["ts", "node", "gpu", "gpu_instance"], keep=False)
+    shared = gpus[twice]
+    assert set(shared["node"]) == {"ip-10-0-1-12"} and set(shared["gpu"]) == {1}
+    assert shared["ts"].min() == pd.Timestamp("2026-11-16T01:00Z") and len(shared) == 2 * 360
     in_outage = (gpus["node"] == "ip-10-0-1-12") & gpus["ts"].between(
         lost[0].start, lost[0].end, inclusive="left"
     )
@@ -255,8 +358,13 @@ def test_gpu_values_are_consistent(small, gpus):
     ).all()
     assert gpus.loc[idle, "util_pct"].max() <= 2 and gpus.loc[idle, "fb_used_mib"].max() <= 500
     assert (sl.loc[idle, "gr_active"] == 0).all()
+    # a time-sliced GPU's pods keep half their memory level each (vgpu '' on every unshared GPU)
+    unshared = w["vgpu"] == ""
+    assert set(w.loc[~unshared, "node"]) == {"ip-10-0-1-12"} and set(w.loc[~unshared, "gpu"]) == {1}
     assert (
-        w.loc[~idle, "fb_used_mib"].min() > 55_000 and sl.loc[~idle, "fb_used_mib"].min() > 0.7 * 40960 - 129
+        w.loc[~idle & unshared, "fb_used_mib"].min() > 55_000
+        and w.loc[~idle & ~unshared, "fb_used_mib"].min() > 57_000 // 2 - 256
+        and sl.loc[~idle, "fb_used_mib"].min() > 0.7 * 40960 - 129
     )
     assert set(gpus["uuid"]) == {truth.gpu_uuid(small, n.name, g) for n in small.nodes for g in range(2)}
     for _, g in gpus.groupby(["uuid", gpus["gpu_instance"].fillna(-1)]):  # energy: every scrape's power
@@ -378,6 +486,9 @@ def test_openmetrics_files(small, gpus, tmp_path):
     assert per_family["DCGM_FI_DEV_GPU_UTIL"] == whole.sum()  # no GPU_UTIL on MIG slices
     assert per_family["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == len(gpus) == per_family["DCGM_FI_DEV_FB_USED"]
     assert per_family["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == whole.sum()
+    # SM_ACTIVE and PIPE_TENSOR_ACTIVE: the GPU Operator's nodes' (whole) GPUs only, once per holder
+    operator = (gpus["node"] != "ip-10-0-1-13").sum()
+    assert per_family["DCGM_FI_PROF_SM_ACTIVE"] == per_family["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] == operator
     # no ECC counters in the Helm chart's list (ip-10-0-1-13)
     assert per_family["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"] == (gpus["node"] != "ip-10-0-1-13").sum()
     assert per_family["node_cpu_seconds_total"] == 3 * 4 * 3 * small.steps - 4 * 3 * 480
@@ -393,9 +504,15 @@ def test_openmetrics_labels_follow_the_pod(small, tmp_path):
     assert set(re.findall(r"^# TYPE (\S+)", text, re.M)) == {"DCGM_FI_DEV_GPU_UTIL"}
     series = set(re.findall(r"^DCGM_FI_DEV_GPU_UTIL\{(.*)\} ", text, re.M))
     gpu0 = [s for s in series if 'Hostname="ip-10-0-1-11"' in s and 'gpu="0"' in s]
-    assert len(gpu0) == 2  # idle 00:00-00:30 without exported_* labels, then held by ppo-humanoid-trainer-0
-    held = next(s for s in gpu0 if "exported_pod=" in s)
-    assert 'exported_pod="ppo-humanoid-trainer-0"' in held
+    # held by the Ray run's worker-0 00:00-00:30, then by ppo-humanoid-trainer-0: never idle before 02:00
+    assert len(gpu0) == 2 and all("exported_pod=" in s for s in gpu0)
+    assert any('exported_pod="ppo-humanoid-ray-worker-0"' in s for s in gpu0)
+    held = next(s for s in gpu0 if 'exported_pod="ppo-humanoid-trainer-0"' in s)
+    assert "vgpu" not in held  # not a time-sliced GPU
+    idle = [
+        s for s in series if 'Hostname="ip-10-0-1-12"' in s and 'gpu="0"' in s and "exported_pod" not in s
+    ]
+    assert len(idle) == 1  # ip-10-0-1-12's GPU 0 is idle 00:00-00:15: the series without exported_*
     assert 'exported_namespace="rl-train"' in held and 'exported_container="trainer"' in held
     # scraped with honor_labels off: every series carries the dcgm-exporter pod's own labels
     exporter = f'pod="{openmetrics.dcgm_exporter_pod("ip-10-0-1-11")}"'
@@ -455,6 +572,65 @@ def test_openmetrics_mig_slices_and_the_helm_chart(small, tmp_path):
     ]
     assert {s["Hostname"] for s in operator} == {"ip-10-0-1-11", "ip-10-0-1-12"}
     assert all(s["container"] == "nvidia-dcgm-exporter" and "DCGM_FI_DRIVER_VERSION" in s for s in operator)
+
+
+def test_sm_and_tensor_activity(gpus):
+    """DCGM_FI_PROF_SM_ACTIVE = 0.8 and PIPE_TENSOR_ACTIVE = 0.5 x GPU_UTIL's ratio (4 decimals) on the
+    GPU Operator's nodes' GPUs; NaN on the Helm chart's node (no such field in its list), slices too."""
+    operator = gpus["node"] != "ip-10-0-1-13"
+    w = gpus[operator]
+    assert (w["sm_active"] == (w["util_pct"] * 0.8 / 100).round(4)).all()
+    assert (w["tensor_active"] == (w["util_pct"] * 0.5 / 100).round(4)).all()
+    assert w["sm_active"].between(0, 0.8).all() and w["sm_active"].max() > 0.7
+    assert gpus.loc[~operator, ["sm_active", "tensor_active"]].isna().all().all()
+
+
+def test_openmetrics_time_sliced_gpu(small, gpus, tmp_path):
+    """ip-10-0-1-12 GPU 1, time-sliced, as dcgm-exporter --kubernetes-virtual-gpus writes it: one copy of
+    each device metric per pod holding it, with the device's value, that pod's labels (exported_*) and
+    vgpu = its replica; the device-level series without pod labels while no pod holds it (02:45-03:00)."""
+    wanted = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE"}
+    files = openmetrics.write_blocks(small, tmp_path, metrics=wanted)
+    uuid = truth.gpu_uuid(small, "ip-10-0-1-12", 1)
+    samples = defaultdict(dict)  # (family, exported namespace, pod, vgpu) -> ts -> value
+    for f in files:
+        for line in f.read_text().splitlines():
+            m = SAMPLE.match(line)
+            if not m or f'UUID="{uuid}"' not in m.group(2):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+            key = (m.group(1), labels.get("exported_namespace", ""), labels.get("exported_pod", ""))
+            samples[key + (labels.get("vgpu"),)][int(m.group(4))] = float(m.group(3))
+    util = {k[1:]: v for k, v in samples.items() if k[0] == "DCGM_FI_DEV_GPU_UTIL"}
+    assert set(util) == {
+        ("rl-train", "ppo-humanoid-ray-head", "0"),
+        ("rl-train", "trainer-0", "0"),
+        ("rl-atari", "trainer-0", "1"),
+        ("rl-atari", "dqn-atari-learner-1", "0"),
+        ("", "", None),  # the device-level series: no pod, no vgpu
+    }
+    t0 = int(small.start.timestamp())
+    assert sorted(util[("", "", None)]) == list(range(t0 + 9900, t0 + 10800, 15))  # 02:45-03:00
+    a, b = util[("rl-train", "trainer-0", "0")], util[("rl-atari", "trainer-0", "1")]
+    both = sorted(set(a) & set(b))
+    assert (both[0] - t0, both[-1] - t0 + 15) == (3600, 9000)  # shared 01:00-02:30
+    assert all(a[t] == b[t] for t in both)  # every copy carries the device's value
+    g = gpus[(gpus["uuid"] == uuid) & (gpus["namespace"] == "rl-atari") & (gpus["pod"] == "trainer-0")]
+    assert dict(zip(g["ts"].astype("int64") // 10**9, g["util_pct"].astype(float))) == b
+    assert (g["vgpu"] == "1").all()
+    power = {k[1:] for k in samples if k[0] == "DCGM_FI_DEV_POWER_USAGE"}
+    assert power == set(util)  # every device metric, not only GPU_UTIL
+
+
+def test_openmetrics_reused_pod_name(small, tmp_path):
+    """kube_pod_labels: one series per pod, a reused name's under a new uid; rl-train's trainer-0 twice."""
+    files = openmetrics.write_blocks(small, tmp_path, metrics={"kube_pod_labels"})
+    series = {s for f in files for s in re.findall(r"^kube_pod_labels\{(.*)\} ", f.read_text(), re.M)}
+    mine = [dict(re.findall(r'(\w+)="([^"]*)"', s)) for s in series if 'pod="trainer-0"' in s]
+    assert sorted((s["namespace"], s["uid"]) for s in mine) == sorted(
+        (p.namespace, truth.pod_uid(small, p)) for p in small.pods_named("trainer-0")
+    )
+    assert len({s["uid"] for s in mine}) == 3
 
 
 def test_oom_loop_restarts_the_container(small):

@@ -46,7 +46,7 @@ def _series(metrics, run, key):
 
 def test_small_training_block(small):
     tr = small.training
-    assert tr.steps_per_hour == 12 and tr.interval_s == 300 and 4 <= len(tr.runs) <= 6
+    assert tr.steps_per_hour == 12 and tr.interval_s == 300 and 8 <= len(tr.runs) <= 12
     assert {r.status for r in tr.runs} == {"FINISHED", "FAILED", "KILLED", "RUNNING"}
     assert [r.name for r in tr.runs if r.deleted] == ["dqn-atari-debug"]
     assert sorted(i.kind for i in tr.incidents) == sorted(training_kinds())
@@ -61,17 +61,36 @@ def test_small_training_block(small):
     assert running_to_end == ["ppo-humanoid-f1"]
 
 
+def test_runs_on_reused_names_and_several_pods(small):
+    """A run's pods are found in its experiment's namespace, and by its window where a name comes back;
+    a Ray run's tag lists its head and workers, its window is theirs."""
+    tr = small.training
+    by_run = {r.name: [small.pods[i] for i in r.pods] for r in tr.runs}
+    f2, f3, atari = by_run["ppo-humanoid-f2"], by_run["ppo-humanoid-f3"], by_run["dqn-atari-f2"]
+    assert [(p.name, p.namespace, p.start_s) for p in f2 + f3 + atari] == [
+        ("trainer-0", "rl-train", 1800),
+        ("trainer-0", "rl-train", 16200),
+        ("trainer-0", "rl-atari", 3600),
+    ]
+    ray = tr.run("ppo-humanoid-ray")
+    assert ray.pod == "ppo-humanoid-ray-head,ppo-humanoid-ray-worker-0,ppo-humanoid-ray-worker-1"
+    assert (ray.start_s, ray.end_s) == (0, 1800) and len({p.node for p in by_run[ray.name]}) == 2
+    assert training.run_tags(ray)["pod"] == ray.pod and training.run_tags(ray)["namespace"] == "rl-train"
+    assert all(training.run_tags(r)["namespace"] == r.namespace for r in tr.runs)
+    assert tr.run("dqn-atari-f2").end_s == 9900  # inherited from rl-atari's trainer-0 (02:45)
+
+
 def training_kinds():
     return ["nan_loss", "entropy_collapse", "success_drop", "stall"]
 
 
 def test_default_training_block(default):
     tr = default.training
-    assert 8 <= len(tr.runs) <= 12 and {r.algo for r in tr.runs} == {"PPO", "DQN"}
+    assert 12 <= len(tr.runs) <= 18 and {r.algo for r in tr.runs} == {"PPO", "DQN"}
     for r in tr.runs:
-        if r.pod:
-            pod = next(p for p in default.pods if p.name == r.pod)
+        for pod in (default.pods[i] for i in r.pods):
             assert pod.experiment == r.experiment and pod.start <= r.start < r.end <= pod.end
+        assert r.pod == (",".join(default.pods[i].name for i in r.pods) or None)
         assert r.algo == ("PPO" if r.experiment.startswith("ppo") else "DQN")
     assert sorted(i.kind for i in tr.incidents) == sorted(training_kinds())
     last_day = default.end - timedelta(hours=24)
@@ -203,6 +222,36 @@ BAD = {
         "a run without a pod needs end_h",
     ),
     "no runs": (lambda r: r["training"].update(runs=[]), "expected a non-empty list of runs"),
+    # pods by namespace and time; several pods
+    "a reused name without a window": (
+        lambda r: [_run(r, "ppo-humanoid-f2").pop(k) for k in ("start_h", "end_h")],
+        "pod 'trainer-0' names 2 pods ('trainer-0' (rl-train, 0.5h..2.5h), 'trainer-0' (rl-train, "
+        "4.5h..5:20)): give a time inside one of them",
+    ),
+    "a reused name, a window in neither": (
+        lambda r: _run(r, "ppo-humanoid-f2").update(start_h=3, end_h=4),
+        "pod 'trainer-0' names 2 pods",
+    ),
+    "pod and pods": (
+        lambda r: _run(r, "ppo-humanoid-ray").update(pod="ppo-humanoid-ray-head"),
+        "give pod (one) or pods (several), not both",
+    ),
+    "pods not a list": (
+        lambda r: _run(r, "ppo-humanoid-ray").update(pods="ppo-humanoid-ray-head"),
+        "pods must be a non-empty list of pod names",
+    ),
+    "a pod twice": (
+        lambda r: _run(r, "ppo-humanoid-ray").update(pods=["ppo-humanoid-ray-head"] * 2),
+        "pods must not name a pod twice",
+    ),
+    "a window past one of its pods": (
+        lambda r: _run(r, "ppo-humanoid-ray").update(end_h=1),
+        "window 0h..1h must lie within the lifetime of pod 'ppo-humanoid-ray-head' (0h..0.5h)",
+    ),
+    "a pod of another namespace's experiment": (
+        lambda r: _run(r, "ppo-humanoid-ray").update(pods=["ppo-humanoid-ray-head", "dqn-atari-learner-3"]),
+        "pod 'dqn-atari-learner-3' runs experiment 'dqn-atari', not 'ppo-humanoid'",
+    ),
 }
 
 
@@ -235,8 +284,12 @@ def test_row_counts_and_grid(small, metrics):
         "dqn-atari-f1": 12,
         "ppo-humanoid-sweep": 48,
         "dqn-atari-debug": 9,
+        "ppo-humanoid-ray": 6,  # 00:00-00:30
+        "ppo-humanoid-f2": 24,  # 00:30-02:30
+        "ppo-humanoid-f3": 10,  # 04:30-05:20
+        "dqn-atari-f2": 21,  # 01:00-02:45
     }
-    assert len(metrics) == len(training.KEYS) * sum(steps.values()) == 1208
+    assert len(metrics) == len(training.KEYS) * sum(steps.values()) == 1696
     assert list(metrics.columns) == ["run_name", "key", "step", "ts", "value"]
     assert metrics["ts"].dtype == "datetime64[ms, UTC]" and metrics["step"].dtype == "int64"
     assert not metrics.duplicated(["run_name", "key", "step"]).any()
