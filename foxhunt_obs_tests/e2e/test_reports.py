@@ -7,6 +7,7 @@ import os
 from datetime import date
 
 import dagster as dg
+import numpy as np
 import pytest
 
 from foxhunt_obs.definitions import defs
@@ -128,6 +129,13 @@ def test_every_gpu_hour_and_slice_hour_is_charged_as_the_truth_says(small, repor
         assert (m[col] == m[f"{col}_t"]).all(), col
     for col in ("allocated_usd", "unallocated_usd", "gpu_share", "idle_usd"):
         assert m[col].to_numpy() == pytest.approx(m[f"{col}_t"].to_numpy(), rel=1e-9, abs=1e-9), col
+    # both activity bases: SM activity where the GPU Operator nodes report it, NULL where nothing does
+    held = m[(m.kind == "gpu") & (m.pod != "")]
+    for col in ("active_gpu_seconds", "sm_active_gpu_seconds"):
+        np.testing.assert_allclose(
+            held[col].astype(float), held[f"{col}_t"].astype(float), rtol=1e-9, err_msg=col
+        )
+    assert held.sm_active_gpu_seconds.notna().any() and held.sm_active_gpu_seconds.isna().any()
     # the cases of issue 14, each a unit-hour with several holders
     holders = got[got.pod != ""].groupby(["hour", "node", "gpu", "gpu_instance"]).pod.nunique()
     assert (holders >= 2).sum() >= 3  # the hand-off at 05:20, the time-sliced GPU, the reused trainer-0
