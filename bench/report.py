@@ -877,85 +877,87 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", baseline_dir, baseline_rev], check=True,
                        capture_output=True, cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
         result["baseline"] = {"rev": baseline_rev}
-    for gpus in SIZES:
-        load_before = os.getloadavg()[0]
-        with tempfile.TemporaryDirectory(prefix=f"foxhunt-bench-report-{gpus}-") as work:
-            lake_dir, pandas_dir = f"{work}/lake", f"{work}/pandas"
-            lake_info = child(["--build", lake_dir, "--gpus", str(gpus)])
-            print(f"{gpus} GPUs: lake built in {lake_info['build_seconds']} s", file=sys.stderr)
-            ours_runs = [child(["--method", "ours", "--lake", lake_dir]) for _ in range(RUNS)]
-            pandas_runs, skipped = [], None
-            # pandas holds the whole week in memory: from the 64-GPU run's peak, scaled by rows, decide
-            # whether this size fits in what the machine has free now (with a 30 % margin)
-            need = None
-            if per_row_mb is not None:
-                need = 180 + per_row_mb * lake_info["gpu_samples_rows"]
-                if need * 1.3 > mem_available_mb():
-                    skipped = f"needs ~{need / 1024:.1f} GB (scaled from 64 GPUs), {mem_available_mb() / 1024:.1f} GB free: not run"
-            for _ in range(PANDAS_RUNS[gpus] if skipped is None else 0):
-                shutil.rmtree(pandas_dir, ignore_errors=True)
-                r = child(["--method", "pandas", "--lake", lake_dir, "--out", pandas_dir], PANDAS_TIMEOUT_S)
-                if r is None:
-                    skipped = f"a run took over {PANDAS_TIMEOUT_S} s: not measured"
-                    break
-                pandas_runs.append(r)
-            check = compare_gpu_hourly(lake_dir, pandas_dir) if pandas_runs else None
-            # last: the baseline rewrites the lake's derived tables in its own grain
-            base_runs = [
-                child(["--method", "ours", "--lake", lake_dir], pythonpath=baseline_dir)
-                for _ in range(RUNS if baseline_dir else 0)
-            ]
-        ours = summarize(ours_runs)
-        entry: dict = {"lake": lake_info, "ours": ours}
-        if base_runs:
-            base = summarize(base_runs)
-            entry["baseline"] = {k: base[k] for k in ("total_s_median", "stages_s_median", "peak_rss_mb")}
-            entry["ours_over_baseline"] = {
-                "total_seconds": round(ours["total_s_median"] / base["total_s_median"], 2),
-                "peak_rss": round(ours["peak_rss_mb"] / base["peak_rss_mb"], 2),
-            }
-            print(
-                f"{gpus} GPUs: ours {ours['total_s_median']} s, {ours['peak_rss_mb']} MB; baseline "
-                f"{baseline_rev[:10]} {base['total_s_median']} s, {base['peak_rss_mb']} MB",
-                file=sys.stderr,
-            )
-        if pandas_runs:
-            p_med = statistics.median(r["seconds"] for r in pandas_runs)
-            entry["pandas_gpu_hourly"] = {
-                "seconds_median": round(p_med, 3),
-                "seconds_all": [round(r["seconds"], 3) for r in pandas_runs],
-                "parts_s_median": {
-                    k: round(statistics.median(r["parts_s"][k] for r in pandas_runs), 3)
-                    for k in pandas_runs[0]["parts_s"]
-                },
-                "peak_rss_mb": round(max(r["peak_rss_mb"] for r in pandas_runs)),
-                "rows_read": pandas_runs[0]["rows_read"],
-                "rows_out": pandas_runs[0]["rows_out"],
-                "same_output_as_ours": check,
-            }
-            p_cpu = statistics.median(r["cpu_s"] for r in pandas_runs)
-            p_rss = max(r["peak_rss_mb"] for r in pandas_runs)
-            entry["pandas_gpu_hourly"]["cpu_s_median"] = round(p_cpu, 3)
-            entry["pandas_gpu_hourly"]["predicted_peak_rss_mb"] = round(need) if need else None
-            entry["ratios"] = {
-                "pandas_over_ours_gpu_hourly_seconds": round(
-                    p_med / ours["stages_s_median"]["gpu_hourly"], 2
-                ),
-                "pandas_over_ours_gpu_hourly_cpu_seconds": round(
-                    p_cpu / ours["stages_cpu_s_median"]["gpu_hourly"], 2
-                ),
-                "pandas_gpu_hourly_over_ours_whole_report_peak_rss": round(p_rss / ours["peak_rss_mb"], 2),
-            }
-            if per_row_mb is None:
-                per_row_mb = (p_rss - pandas_runs[0]["rss_mb_after_imports"]) / pandas_runs[0]["rows_read"]
-        else:
-            entry["pandas_gpu_hourly"] = {"skipped": skipped}
-        entry["load_average_1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
-        result["sizes"][str(gpus)] = entry
+    try:
+        for gpus in SIZES:
+            load_before = os.getloadavg()[0]
+            with tempfile.TemporaryDirectory(prefix=f"foxhunt-bench-report-{gpus}-") as work:
+                lake_dir, pandas_dir = f"{work}/lake", f"{work}/pandas"
+                lake_info = child(["--build", lake_dir, "--gpus", str(gpus)])
+                print(f"{gpus} GPUs: lake built in {lake_info['build_seconds']} s", file=sys.stderr)
+                ours_runs = [child(["--method", "ours", "--lake", lake_dir]) for _ in range(RUNS)]
+                pandas_runs, skipped = [], None
+                # pandas holds the whole week in memory: from the 64-GPU run's peak, scaled by rows, decide
+                # whether this size fits in what the machine has free now (with a 30 % margin)
+                need = None
+                if per_row_mb is not None:
+                    need = 180 + per_row_mb * lake_info["gpu_samples_rows"]
+                    if need * 1.3 > mem_available_mb():
+                        skipped = f"needs ~{need / 1024:.1f} GB (scaled from 64 GPUs), {mem_available_mb() / 1024:.1f} GB free: not run"
+                for _ in range(PANDAS_RUNS[gpus] if skipped is None else 0):
+                    shutil.rmtree(pandas_dir, ignore_errors=True)
+                    r = child(["--method", "pandas", "--lake", lake_dir, "--out", pandas_dir], PANDAS_TIMEOUT_S)
+                    if r is None:
+                        skipped = f"a run took over {PANDAS_TIMEOUT_S} s: not measured"
+                        break
+                    pandas_runs.append(r)
+                check = compare_gpu_hourly(lake_dir, pandas_dir) if pandas_runs else None
+                # last: the baseline rewrites the lake's derived tables in its own grain
+                base_runs = [
+                    child(["--method", "ours", "--lake", lake_dir], pythonpath=baseline_dir)
+                    for _ in range(RUNS if baseline_dir else 0)
+                ]
+            ours = summarize(ours_runs)
+            entry: dict = {"lake": lake_info, "ours": ours}
+            if base_runs:
+                base = summarize(base_runs)
+                entry["baseline"] = {k: base[k] for k in ("total_s_median", "stages_s_median", "peak_rss_mb")}
+                entry["ours_over_baseline"] = {
+                    "total_seconds": round(ours["total_s_median"] / base["total_s_median"], 2),
+                    "peak_rss": round(ours["peak_rss_mb"] / base["peak_rss_mb"], 2),
+                }
+                print(
+                    f"{gpus} GPUs: ours {ours['total_s_median']} s, {ours['peak_rss_mb']} MB; baseline "
+                    f"{baseline_rev[:10]} {base['total_s_median']} s, {base['peak_rss_mb']} MB",
+                    file=sys.stderr,
+                )
+            if pandas_runs:
+                p_med = statistics.median(r["seconds"] for r in pandas_runs)
+                entry["pandas_gpu_hourly"] = {
+                    "seconds_median": round(p_med, 3),
+                    "seconds_all": [round(r["seconds"], 3) for r in pandas_runs],
+                    "parts_s_median": {
+                        k: round(statistics.median(r["parts_s"][k] for r in pandas_runs), 3)
+                        for k in pandas_runs[0]["parts_s"]
+                    },
+                    "peak_rss_mb": round(max(r["peak_rss_mb"] for r in pandas_runs)),
+                    "rows_read": pandas_runs[0]["rows_read"],
+                    "rows_out": pandas_runs[0]["rows_out"],
+                    "same_output_as_ours": check,
+                }
+                p_cpu = statistics.median(r["cpu_s"] for r in pandas_runs)
+                p_rss = max(r["peak_rss_mb"] for r in pandas_runs)
+                entry["pandas_gpu_hourly"]["cpu_s_median"] = round(p_cpu, 3)
+                entry["pandas_gpu_hourly"]["predicted_peak_rss_mb"] = round(need) if need else None
+                entry["ratios"] = {
+                    "pandas_over_ours_gpu_hourly_seconds": round(
+                        p_med / ours["stages_s_median"]["gpu_hourly"], 2
+                    ),
+                    "pandas_over_ours_gpu_hourly_cpu_seconds": round(
+                        p_cpu / ours["stages_cpu_s_median"]["gpu_hourly"], 2
+                    ),
+                    "pandas_gpu_hourly_over_ours_whole_report_peak_rss": round(p_rss / ours["peak_rss_mb"], 2),
+                }
+                if per_row_mb is None:
+                    per_row_mb = (p_rss - pandas_runs[0]["rss_mb_after_imports"]) / pandas_runs[0]["rows_read"]
+            else:
+                entry["pandas_gpu_hourly"] = {"skipped": skipped}
+            entry["load_average_1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
+            result["sizes"][str(gpus)] = entry
 
-    if baseline_dir:
-        subprocess.run(["git", "worktree", "remove", "--force", baseline_dir], capture_output=True,
-                       cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
+    finally:
+        if baseline_dir:
+            subprocess.run(["git", "worktree", "remove", "--force", baseline_dir], capture_output=True,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
     small, big = result["sizes"]["64"]["ours"], result["sizes"]["512"]["ours"]
     result["growth_512_over_64"] = {
         "gpus": 8.0,

@@ -139,6 +139,10 @@ GPU_HOURLY = TableSpec(
             ("sm_activity_seconds", pa.float64()),  # of seconds_with_data, those with an SM activity value
             ("sm_active_gpu_seconds", pa.float64()),  # sum(sm_active * step) * gpu_share; NULL: not reported
             ("tensor_active_gpu_seconds", pa.float64()),  # sum(tensor_active * step) * gpu_share; NULL: none
+            (
+                "held_wall_seconds",
+                pa.float64(),
+            ),  # wall-clock seconds the pod was on it (time-sliced: whole steps)
         ]
     ),
 )
@@ -361,6 +365,10 @@ COST_ALLOCATION = TableSpec(
             ("sm_idle_usd", pa.float64()),
             ("sm_unknown_activity_usd", pa.float64()),
             ("tensor_active_gpu_seconds", pa.float64()),
+            (
+                "held_wall_seconds",
+                pa.float64(),
+            ),  # wall-clock seconds the pod held it (a run's window is wall-clock)
         ]
     ),
 )

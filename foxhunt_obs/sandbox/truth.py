@@ -67,15 +67,15 @@ The cost policy (DESIGN §5), which ``gpu_allocations``, ``pod_dollars`` and ``r
   SM_ACTIVE where it is reported (NaN where not). idle_usd of P = allocated_usd × (1 − active_gpu_seconds /
   (held_seconds × gpu_share)).
 * A run's dollars: for each of its pods (matched on namespace AND name) and each hour h overlapping the
-  run's window [start, end) (a RUNNING run's window ends with the day computed), the pod's allocated_usd
-  in h on each unit × min(1, seconds of h inside [start, end) / the pod's held_seconds on that unit in h).
-  Why: the pipeline sees a pod only by (namespace, name), and a reused name (a StatefulSet's trainer-0
-  under one run, then under the next) can hold the same unit in the boundary hour between two runs; each
-  run takes the share of the pod-unit-hour its window covers, capped at what the pod held, so neither run
-  inherits the other's spend. The rule is exact when the incarnations hold the same units with k = 1 in
-  a shared hour (the scenarios keep to that); it over-charges both runs when the shared hour is
-  time-sliced (held seconds shrink by k, the window does not) or when the incarnations hold different
-  units in it (each run's window then covers the other's unit too).
+  run's window [start, end) (a RUNNING run's window ends with the day computed, or where the next run on
+  one of its pods starts), the pod's allocated_usd in h on each unit × the seconds of h inside
+  [start, end) / the larger of the pod's wall-clock held seconds on that unit in h and the seconds all
+  runs' windows cover of that row. Why: the pipeline sees a pod only by (namespace, name), and a reused
+  name (a StatefulSet's trainer-0 under one run, then under the next) can hold the same unit in the
+  boundary hour between two runs; each run takes the part of the pod-unit-hour its window covers,
+  together never more than the row, so neither run inherits the other's spend. It is exact when the
+  incarnations hold the same units in a shared hour (the scenarios keep to that); when they hold
+  different units, each run's window also covers the other's unit in that hour.
 """
 
 from __future__ import annotations
@@ -564,7 +564,8 @@ def pod_labels(scenario: Scenario) -> list[tuple[str, str, str]]:
 
 ALLOCATION_COLUMNS = (
     "hour node gpu gpu_instance gpu_profile gpu_share kind pod namespace experiment seconds_with_data "
-    "held_seconds cost_usd allocated_usd unallocated_usd active_gpu_seconds sm_active_gpu_seconds idle_usd"
+    "held_seconds cost_usd allocated_usd unallocated_usd active_gpu_seconds sm_active_gpu_seconds idle_usd "
+    "held_wall_seconds"
 ).split()
 
 
@@ -647,9 +648,10 @@ def gpu_allocations(scenario: Scenario, items: list[bills.LineItem] | None = Non
                     w = np.where(mine, per_holder, 0.0)
                     a = acc.setdefault(
                         (p.namespace, p.name),
-                        {"experiment": p.experiment, "held": 0.0, "active": 0.0, "sm": 0.0},
+                        {"experiment": p.experiment, "held": 0.0, "active": 0.0, "sm": 0.0, "wall": 0.0},
                     )
                     a["held"] = a["held"] + hsum(w)
+                    a["wall"] = a["wall"] + hsum(mine.astype(np.int64)) * float(step)  # wall-clock seconds
                     a["active"] = a["active"] + hsum(util * w) * share
                     a["sm"] = a["sm"] + (hsum(sm * w) * share if sm is not None else np.nan)
                 free = up & (k == 0)
@@ -667,6 +669,7 @@ def gpu_allocations(scenario: Scenario, items: list[bills.LineItem] | None = Non
                                 "namespace": "",
                                 "experiment": "",
                                 "held_seconds": unheld[h],
+                                "held_wall_seconds": unheld[h],
                                 "allocated_usd": 0.0,
                                 "unallocated_usd": usd[h] * unheld[h] / swd[h],
                                 "active_gpu_seconds": unheld_active[h],
@@ -687,6 +690,7 @@ def gpu_allocations(scenario: Scenario, items: list[bills.LineItem] | None = Non
                                 "namespace": ns,
                                 "experiment": a["experiment"],
                                 "held_seconds": held,
+                                "held_wall_seconds": a["wall"][h],
                                 "allocated_usd": allocated,
                                 "unallocated_usd": 0.0,
                                 "active_gpu_seconds": active,
@@ -717,6 +721,7 @@ def gpu_allocations(scenario: Scenario, items: list[bills.LineItem] | None = Non
                             "active_gpu_seconds": 0.0,
                             "sm_active_gpu_seconds": np.nan,
                             "idle_usd": 0.0,
+                            "held_wall_seconds": 0.0,
                         }
                     )
     df = pd.DataFrame(rows, columns=ALLOCATION_COLUMNS)
@@ -759,10 +764,12 @@ def run_dollars(scenario: Scenario, day, alloc: pd.DataFrame | None = None) -> p
     module docstring): its window is [start, end) cut at the day's end, a RUNNING run's [start, the day's
     end) (MLflow has no end time for it); for each of its pods, matched on (namespace, pod) as the
     pipeline joins the run's ``namespace`` and ``pod`` tags to the allocation, and each unit-hour row of
-    that pod overlapping the window: allocated_usd (and idle_usd) × min(1, seconds of the hour inside the
-    window / the row's held_seconds). So a boundary hour a reused pod name shares between two runs is
-    split by the time each run's window covers, capped at what the pod held, and neither run inherits
-    the other's spend.
+    that pod overlapping the window: allocated_usd (and idle_usd) × the seconds of the hour inside the
+    window / the larger of the pod's wall-clock held seconds on that unit in that hour and the seconds all
+    runs' windows cover of it. So a boundary hour a reused pod name shares between two runs is split by
+    the time each run's window covers, capped at what the pod held, and together the runs never take more
+    than the row. A RUNNING run's window also ends where the next run naming one of its pods starts (a
+    killed run MLflow still calls RUNNING does not take its successor's hours).
 
     Runs started by the day's end, in file order (deleted ones included, flagged). Columns: run_name
     (MLflow run ids are random: the name is the key), experiment, namespace, pod (the tag; None without
@@ -774,18 +781,32 @@ def run_dollars(scenario: Scenario, day, alloc: pd.DataFrame | None = None) -> p
     held = alloc[(alloc["kind"] == "gpu") & (alloc["pod"] != "")]
     day_start, day_end = _day_window(day)
     hour_s = held["hour"].astype("int64").to_numpy() // 10**9
-    rows = []
-    for run in scenario.training.runs:
+    wall = held["held_wall_seconds"].to_numpy()
+    runs = [r for r in scenario.training.runs if pd.Timestamp(r.start) < day_end]
+    live = [r for r in runs if not r.deleted]  # deleted runs are charged nothing and share no hour
+    keys_of = {r.name: {(scenario.pods[i].namespace, scenario.pods[i].name) for i in r.pods} for r in runs}
+    covers: dict[str, np.ndarray] = {}
+    windows = {}
+    for run in runs:
         start = pd.Timestamp(run.start)
-        if start >= day_end:
-            continue
         end = day_end if run.status == "RUNNING" else min(pd.Timestamp(run.end), day_end)
+        if run.status == "RUNNING":  # a run MLflow still calls RUNNING ends where the next on its pods starts
+            later = [pd.Timestamp(o.start) for o in live if o is not run and keys_of[o.name] & keys_of[run.name]
+                     and pd.Timestamp(o.start) > start]  # fmt: skip
+            end = min([end, *later])
+        windows[run.name] = (start, end)
         s, e = int(start.timestamp()), int(end.timestamp())
-        keys = {(scenario.pods[i].namespace, scenario.pods[i].name) for i in run.pods}
-        mine = held[[(ns, p) in keys for ns, p in zip(held["namespace"], held["pod"])]] if keys else held[:0]
-        hs = hour_s[held.index.get_indexer(mine.index)]
-        cover = np.clip(np.minimum(hs + 3600, e) - np.maximum(hs, s), 0, None)
-        factor = np.minimum(1.0, cover / mine["held_seconds"].to_numpy())
+        mine = np.array([(ns, p) in keys_of[run.name] for ns, p in zip(held["namespace"], held["pod"])], bool)
+        covers[run.name] = np.where(
+            mine, np.clip(np.minimum(hour_s + 3600, e) - np.maximum(hour_s, s), 0, None), 0
+        )
+    # a row the windows of several runs cover: each its covered seconds over what the pod held, or over
+    # their sum when the windows cover more than that (together never more than the row)
+    total = np.sum([covers[r.name] for r in live], axis=0) if live else np.zeros(len(held))
+    rows = []
+    for run in runs:
+        part = np.where(covers[run.name] > 0, covers[run.name] / np.maximum(wall, np.maximum(total, 1)), 0.0)
+        start, end = windows[run.name]
         rows.append(
             {
                 "run_name": run.name,
@@ -796,8 +817,8 @@ def run_dollars(scenario: Scenario, day, alloc: pd.DataFrame | None = None) -> p
                 "deleted": run.deleted,
                 "start": start,
                 "end": end,
-                "allocated_usd": float((mine["allocated_usd"].to_numpy() * factor).sum()),
-                "idle_usd": float((mine["idle_usd"].to_numpy() * factor).sum()),
+                "allocated_usd": float((held["allocated_usd"].to_numpy() * part).sum()),
+                "idle_usd": float((held["idle_usd"].to_numpy() * part).sum()),
             }
         )
     return pd.DataFrame(

@@ -400,6 +400,14 @@ def test_both_activity_bases_and_the_split_policy_are_in_the_report():
     assert r.figures["sm_active_gpu_hours_per_usd"] != r.figures["sm_active_gpu_hours_per_usd"]  # NaN
 
     e = d.experiments
+    # the columns there but nothing reported (NULL on every experiment; the cluster row's unheld dollars
+    # count as known, idle): still unknown, not 0.000
+    e["sm_active_gpu_hours"], e["sm_unknown_activity_usd"] = np.nan, e["allocated_usd"]
+    e.loc[e["experiment"] == "(cluster idle)", "sm_unknown_activity_usd"] = 0.0
+    r = render_weekly_report(d)
+    assert "SM activity not reported" in r.markdown and "0.000 by SM activity" not in r.markdown
+    assert r.figures["sm_active_gpu_hours_per_usd"] != r.figures["sm_active_gpu_hours_per_usd"]
+
     e["sm_active_gpu_hours"] = e["active_gpu_hours"] * 0.5
     e["sm_unknown_activity_usd"] = 0.0
     r = render_weekly_report(d)

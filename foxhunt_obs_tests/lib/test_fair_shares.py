@@ -165,7 +165,15 @@ def test_time_slices_split_a_step_over_the_pods_present():
 DAY1, DAY2 = date(2026, 11, 16), date(2026, 11, 17)
 
 
-def _alloc(day: date, hour: int, ns: str, pod: str, held_s: float = 3600.0, run_id: str = "") -> dict:
+def _alloc(
+    day: date,
+    hour: int,
+    ns: str,
+    pod: str,
+    held_s: float = 3600.0,
+    run_id: str = "",
+    wall_s: float | None = None,
+) -> dict:
     usd = C * held_s / 3600
     return dict(
         day=day, hour=datetime(day.year, day.month, day.day, hour, tzinfo=timezone.utc), node=NODE, gpu=0,
@@ -173,6 +181,7 @@ def _alloc(day: date, hour: int, ns: str, pod: str, held_s: float = 3600.0, run_
         resource_id="i-0abc", gpu_seconds=3600.0, held_seconds=held_s, active_gpu_seconds=held_s / 2,
         energy_kwh=0.1, allocated_usd=usd, unallocated_usd=C - usd, idle_usd=usd / 2, cost_source="estimate",
         gpu_share=1.0, unknown_activity_usd=0.0, run_id=run_id, sm_idle_usd=usd / 4,
+        held_wall_seconds=held_s if wall_s is None else wall_s,
     )  # fmt: skip
 
 
@@ -199,6 +208,11 @@ def outcomes(tmp_path):
             # trainer-1 held 10:00-10:10 by run p and 10:20-11:00 by run q: one row of 50 minutes
             _alloc(DAY1, 10, "rl", "trainer-1", held_s=3000.0),
             _alloc(DAY1, 3, "rl", "labeled-0", run_id="run-l"),  # outside run-l's window: the label decides
+            # time-sliced with another pod all hour: half the GPU's seconds, the whole hour on the clock
+            _alloc(DAY1, 12, "rl", "shared-0", held_s=1800.0, wall_s=3600.0),
+            *(_alloc(DAY1, h, "rl", "stuck-0") for h in (14, 15, 16, 17)),
+            _alloc(DAY1, 8, "rl", "dup-0"), _alloc(DAY1, 8, "other", "dup-0"),
+            _alloc(DAY1, 8, "rl", "solo-0"),
         ],
         DAY2: [_alloc(DAY2, 10, "rl", "trainer-0"), _alloc(DAY2, 11, "rl", "trainer-0")],
     }  # fmt: skip
@@ -215,6 +229,13 @@ def outcomes(tmp_path):
         _run("run-l", "labeled-0", "rl", _at(DAY1, 20), _at(DAY1, 21)),
         _run("run-ghost", "ghost-0", "rl", _at(DAY1, 10), _at(DAY1, 11)),
         _run("run-outside", "", "", _at(DAY1, 10), _at(DAY1, 11)),
+        _run("run-s1", "shared-0", "rl", _at(DAY1, 12), _at(DAY1, 12, 30)),
+        _run("run-s2", "shared-0", "rl", _at(DAY1, 12, 30), _at(DAY1, 13)),
+        _run("run-zombie", "stuck-0", "rl", _at(DAY1, 14), None),  # killed, MLflow still says RUNNING
+        _run("run-next", "stuck-0", "rl", _at(DAY1, 16), _at(DAY1, 18)),
+        _run("run-nons", "dup-0", "", _at(DAY1, 8), _at(DAY1, 9)),  # no namespace tag, two dup-0s
+        _run("run-nons-solo", "solo-0", "", _at(DAY1, 8), _at(DAY1, 9)),
+        _run("run-nostart", "solo-0", "rl", None, None),
     ]
     lake.write_partition(TRAINING_RUNS, "current", pa.Table.from_pylist(runs, schema=TRAINING_RUNS.schema))
     lake.write_partition(TRAINING_METRICS, "current", TRAINING_METRICS.schema.empty_table())
@@ -257,3 +278,35 @@ def test_runs_on_no_gpu_the_lake_knows_are_listed_as_such_never_as_zero(outcomes
     assert day1.loc["run-ghost", "charged_by"] == "no GPU the lake knows held its pods in its window"
     assert np.isnan(day1.loc["run-outside", "usd"])
     assert day1.loc["run-outside", "charged_by"] == "no pod tag: ran outside the cluster?"
+
+
+def test_runs_sharing_a_time_sliced_hour_never_take_more_than_it(outcomes):
+    """shared-0 held its time-sliced GPU all of hour 12 (half its seconds, C/2): two runs of 30 minutes
+    each take a half of that, not each the whole (the window is wall-clock, the held seconds are not)."""
+    day1 = outcomes(DAY1)
+    assert day1.loc["run-s1", "usd"] == pytest.approx(C / 4) and day1.loc["run-s2", "usd"] == pytest.approx(
+        C / 4
+    )
+
+
+def test_a_run_left_running_ends_where_the_next_run_on_its_pod_starts(outcomes):
+    day1 = outcomes(DAY1)
+    assert day1.loc["run-zombie", "usd"] == pytest.approx(2 * C)  # 14:00-16:00, not its successor's hours
+    assert day1.loc["run-next", "usd"] == pytest.approx(2 * C)
+    assert (
+        day1.loc["run-zombie", "charged_by"]
+        == "its pods in its window (RUNNING: until the next run on its pods)"
+    )
+
+
+def test_a_run_without_a_namespace_is_charged_only_an_unambiguous_pod(outcomes):
+    day1 = outcomes(DAY1)
+    assert np.isnan(day1.loc["run-nons", "usd"]) and day1.loc["run-nons", "charged_by"].startswith(
+        "ambiguous"
+    )
+    assert day1.loc["run-nons-solo", "usd"] == pytest.approx(C)
+    # a run with no start time has no window: listed, never priced
+    assert (
+        np.isnan(day1.loc["run-nostart", "usd"])
+        and day1.loc["run-nostart", "charged_by"] == "no start time: no window"
+    )

@@ -139,7 +139,7 @@ def _gpu_metadata(tables: dict[str, pa.Table], root: str) -> dict:
     ).fetchone()
     per_exp = con.execute(
         """SELECT experiment, count(DISTINCT uuid) AS gpus, round(avg(util), 3) AS mean_util,
-                  round(sum(util * step_seconds * gpu_share) / 3600, 2) AS active_gpu_hours
+                  round(sum(util * step_seconds * step_share * gpu_share) / 3600, 2) AS active_gpu_hours
            FROM t GROUP BY experiment ORDER BY experiment"""
     ).fetch_df()
     preview = con.execute(

@@ -164,7 +164,9 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
     df = pa.concat_tables(out.values()).to_pandas()
     total = df.allocated_usd.sum()
     active = df.active_gpu_hours.sum()
-    sm_known = total - df.sm_unknown_activity_usd.sum()
+    held = df[df.experiment != CLUSTER_IDLE]
+    # NaN where no GPU reported SM activity: unknown, not 0 (the cluster row's unheld $ make no basis)
+    sm_known = total - df.sm_unknown_activity_usd.sum() if held.sm_active_gpu_hours.notna().any() else 0.0
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": dg.MetadataValue.int(len(df)),
@@ -173,7 +175,6 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
             "active_gpu_hours_per_usd": dg.MetadataValue.float(
                 round(float(active / total), 5) if total else math.nan
             ),
-            # NaN where no GPU reported SM activity: unknown, not 0
             "sm_active_gpu_hours_per_usd": dg.MetadataValue.float(
                 round(float(df.sm_active_gpu_hours.sum() / sm_known), 5) if sm_known > 1e-9 else math.nan
             ),

@@ -37,6 +37,7 @@ WITH s AS (
     coalesce(gpu_share, 1.0) AS gpu_share, coalesce(util_basis, '') AS util_basis,
     namespace, pod, experiment, coalesce(run_id, '') AS run_id,
     step_seconds * coalesce(step_share, 1.0) AS secs,
+    CASE WHEN coalesce(step_share, 1.0) > 0 THEN step_seconds ELSE 0 END AS wall,
     temp_celsius, power_watts, mem_used_bytes,
     CASE WHEN isnan(util) THEN NULL ELSE util END AS u,
     CASE WHEN isnan(sm_active) THEN NULL ELSE sm_active END AS sm,
@@ -69,7 +70,10 @@ per_hour AS (
     sum(sm * secs) * max(gpu_share) AS sm_active_gpu_seconds,
     sum(tensor * secs) * max(gpu_share) AS tensor_active_gpu_seconds,
     CASE WHEN coalesce(pod, '') = '' THEN 0 ELSE sum(secs) END AS held_seconds,
+    -- wall-clock seconds the pod was on the GPU (a time-sliced step counts whole): runs' windows compare to it
+    CASE WHEN coalesce(pod, '') = '' THEN 0 ELSE sum(wall) END AS held_wall_seconds,
     sum(power_watts * secs) AS watt_seconds,
+    bool_and(power_watts IS NOT NULL OR secs = 0) AS power_complete,
     -- a decrease is a counter reset: the new value is the increase since the reset
     coalesce(sum(CASE WHEN d_energy < 0 THEN energy_joules ELSE d_energy END), 0) / 3600000.0 AS energy_part_kwh,
     max(temp_celsius) AS temp_max_celsius,
@@ -86,6 +90,7 @@ unit AS (
   SELECT *,
     sum(energy_part_kwh) OVER u AS unit_energy_kwh,
     sum(watt_seconds) OVER u AS unit_watt_seconds,
+    bool_and(power_complete) OVER u AS unit_power_complete,
     sum(seconds_with_data) OVER u AS device_seconds,
     count(*) FILTER (WHERE pod <> '') OVER u AS pods_seen
   FROM per_hour
@@ -97,7 +102,9 @@ weighed AS (
   SELECT *,
     unit_energy_kwh * gpu_share
       / sum(gpu_share * seconds_with_data / nullif(device_seconds, 0)) OVER (PARTITION BY hour_no, node, gpu, uuid)
-      * coalesce(watt_seconds / nullif(unit_watt_seconds, 0), seconds_with_data / nullif(device_seconds, 0))
+      -- by power only where every holder's power is known, else by seconds (the shares must sum to 1)
+      * CASE WHEN unit_power_complete AND unit_watt_seconds > 0 THEN watt_seconds / unit_watt_seconds
+             ELSE seconds_with_data / nullif(device_seconds, 0) END
       AS energy_kwh
   FROM unit
 )
@@ -106,7 +113,7 @@ SELECT to_timestamp(hour_no * 3600) AS hour, node, gpu, uuid, gpu_instance, gpu_
   pods_seen::INTEGER AS pods_seen, samples, seconds_with_data, device_seconds, util_mean, util_p95,
   active_gpu_seconds, held_seconds, coalesce(energy_kwh, 0) AS energy_kwh, temp_max_celsius,
   power_mean_watts, mem_used_max_bytes, ecc_sbe_delta, ecc_dbe_delta,
-  sm_activity_seconds, sm_active_gpu_seconds, tensor_active_gpu_seconds
+  sm_activity_seconds, sm_active_gpu_seconds, tensor_active_gpu_seconds, held_wall_seconds
 FROM weighed
 -- a shared GPU's own row while pods hold it stands for no time (its increments are in the unit's energy)
 WHERE seconds_with_data > 0

@@ -348,7 +348,9 @@ def pod_experiments(client: PrometheusClient, catalog: Catalog, window: Window, 
     rows: dict[tuple[str, str], str] = {}
     for metric, is_ns in ((catalog.kube["pod_labels"], False), (catalog.kube["namespace_labels"], True)):
         q = f'max by (namespace, pod, {key}) (last_over_time({metric}{{{key}!=""}}[{window.lookback}]))'
-        for labels, _ in client.query(q, window.end, window.label):
+        # a pod with two values in the look-back (relabelled, or a reused name): the greatest, on every run
+        answer = sorted(client.query(q, window.end, window.label), key=lambda r: r[0].get(key, ""))
+        for labels, _ in answer:
             ns, pod = labels.get("namespace", ""), "" if is_ns else labels.get("pod", "")
             if ns and (pod or is_ns):
                 rows[(ns, pod)] = labels[key]

@@ -33,11 +33,11 @@ How the dollars in this report are computed (the cost model):
 
 - A GPU's cost for an hour is its node's cost for that hour divided by the GPUs on the node. The node cost comes from the AWS Cost and Usage Report (CUR) once it has landed, else from the dated price table (an estimate); the cost source column says which.
 - That cost is split over every pod that held the GPU in the hour, by the time each held it (a hand-off at 14:20 charges the first pod 20 minutes and the second 40), and charged to the pod, then the pod's experiment label, then its namespace, then "unattributed". GPU time no pod held is unallocated and shown as "(cluster idle)".
-- A time-sliced GPU (several pods on it at once: the device plugin's time-slicing, each pod's copy of the GPU's series) is split evenly over the pods present at each scrape; its activity is the GPU's, split the same way (per-process utilization does not move dollars).
+- A time-sliced GPU (several pods on it at once: the device plugin's time-slicing, each pod's copy of the GPU's series) is split evenly over the replicas held at each scrape (a pod holding two replicas pays two shares); its activity is the GPU's, split the same way (per-process utilization does not move dollars).
 - A MIG slice is a GPU of its own for this: it costs its share of its GPU (its compute slices over the GPU's, 3g.40gb = 3/7), and the part of a MIG GPU no slice covers is unallocated.
 - Active GPU-hours = sum of utilization x time (on a MIG slice, GR_ENGINE_ACTIVE x time x its share). Idle $ = allocated $ x (1 - active fraction); all of "(cluster idle)" is idle. GPU time for which no utilization was reported is unknown activity: counted neither as active nor as idle.
 - Utilization per dollar = active GPU-hours / $ (higher is better); its inverse is $ per active GPU-hour. It is given on two bases: utilization (DCGM_FI_DEV_GPU_UTIL, the share of time some kernel ran: every dashboard's figure) and SM activity (DCGM_FI_PROF_SM_ACTIVE, the share of cycles an SM had work: closer to what the GPU did), each over the dollars whose activity on that basis was reported.
-- An MLflow run costs what its pods (its `pod` tag, a comma-separated list, in its `namespace`) were allocated between its start and its end: a pod name reused by a later run (a StatefulSet's trainer-0) or the same name in another namespace is not charged to it. In an hour two runs share, each gets the seconds its own window covers, at most what the pod held.
+- An MLflow run costs what its pods (its `pod` tag, a comma-separated list, in its `namespace`) were allocated between its start and its end: a pod name reused by a later run (a StatefulSet's trainer-0) or the same name in another namespace is not charged to it. In an hour two runs share, each gets the seconds its own window covers, at most what the pod held and together never more than the hour; a run MLflow still calls RUNNING ends where the next run on its pods starts.
 - Bill lines on no node go to their Experiment tag (an experiment's S3 bucket); the rest (FSx, the EKS control plane) are shared by the GPU-hours each experiment held that day. Once the bill has landed every dollar comes from it, so the day's allocations sum to the bill.
 - The estimate and the bill are both kept, and the gap between them is shown. Weeks run from Monday 00:00 UTC to the next Monday 00:00 UTC.
 """
@@ -48,7 +48,6 @@ EXPERIMENT_COLUMNS = (
     "active_gpu_hours_per_usd", "usd_per_active_gpu_hour", "energy_kwh", "cost_source",
 )  # fmt: skip
 WASTE_COLUMNS = ("pod", "experiment", "node", "gpus", "held_gpu_hours", "mean_util", "idle_usd")
-SM_COLUMNS = ("sm_active_gpu_hours", "sm_unknown_activity_usd")  # optional: the SM-activity basis
 OUTCOME_COLUMNS = (
     "run_name", "experiment", "success_start", "success_end", "success_gained", "usd", "usd_per_point",
 )  # fmt: skip
@@ -175,9 +174,21 @@ def _experiment_frame(frame: pd.DataFrame, name: str) -> pd.DataFrame:
 
 # -- figures -----------------------------------------------------------------------------------------------
 def _sum(frame: pd.DataFrame | None, column: str) -> float:
-    if frame is None or frame.empty:
+    if frame is None or frame.empty or column not in frame:  # an optional column (unknown, SM) absent: none
         return 0.0
     return float(pd.to_numeric(frame[column], errors="coerce").fillna(0.0).sum())
+
+
+def _sm_basis(experiments: pd.DataFrame) -> tuple[float, float]:
+    """(SM-active GPU-hours, the dollars whose SM activity is known): NaN, NaN when no experiment's GPUs
+    reported SM activity at all (the cluster-idle row's unheld dollars alone make no basis)."""
+    if "sm_active_gpu_hours" not in experiments:
+        return math.nan, math.nan
+    held = experiments[experiments["experiment"] != CLUSTER_IDLE]
+    if not pd.to_numeric(held["sm_active_gpu_hours"], errors="coerce").notna().any():
+        return math.nan, math.nan
+    known = _sum(experiments, "allocated_usd") - _sum(experiments, "sm_unknown_activity_usd")
+    return _sum(experiments, "sm_active_gpu_hours"), known
 
 
 def _ratio(num: float, den: float) -> float:
@@ -204,10 +215,8 @@ def _figures(
     unheld = experiments[experiments["experiment"] == CLUSTER_IDLE]
     gpu_hours = _sum(experiments, "gpu_hours")
     active = _sum(experiments, "active_gpu_hours")
-    sm_known_usd = total - (
-        _sum(experiments, "sm_unknown_activity_usd") if "sm_unknown_activity_usd" in experiments else total
-    )
-    sm_active = _sum(experiments, "sm_active_gpu_hours") if "sm_active_gpu_hours" in experiments else math.nan
+    util_known_usd = total - _sum(experiments, "unknown_activity_usd")
+    sm_active, sm_known_usd = _sm_basis(experiments)
     bill = _num(totals.get("bill_usd"))
     estimate = _num(totals.get("estimate_usd"))
     gap = _num(totals.get("gap_pct"))
@@ -224,11 +233,12 @@ def _figures(
         "gpu_hours": gpu_hours,
         "active_gpu_hours": active,
         "util_pct": _ratio(active, gpu_hours) * 100.0,
-        "active_gpu_hours_per_usd": _ratio(active, total),
+        # over the dollars whose activity is known, on each basis (unknown is neither busy nor idle)
+        "active_gpu_hours_per_usd": _ratio(active, util_known_usd),
         "usd_per_active_gpu_hour": _ratio(total, active),
         # NaN where no GPU reported SM activity: the basis is unknown, not zero
-        "sm_active_gpu_hours": sm_active if sm_known_usd > 0 else math.nan,
-        "sm_active_gpu_hours_per_usd": _ratio(sm_active, sm_known_usd) if sm_known_usd > 0 else math.nan,
+        "sm_active_gpu_hours": sm_active,
+        "sm_active_gpu_hours_per_usd": _ratio(sm_active, sm_known_usd),
         "energy_kwh": _sum(experiments, "energy_kwh"),
         "experiments": float((experiments["experiment"] != CLUSTER_IDLE).sum()),
         "bill_usd": bill,
@@ -552,10 +562,9 @@ def _experiment_table(e: pd.DataFrame) -> Table:
         for r in e.itertuples(index=False)
     )
     total_usd, active, gpu_hours = (_sum(e, c) for c in ("allocated_usd", "active_gpu_hours", "gpu_hours"))
-    sm_known = total_usd - (
-        _sum(e, "sm_unknown_activity_usd") if "sm_unknown_activity_usd" in e else total_usd
-    )
-    sm_per_usd = _ratio(_sum(e, "sm_active_gpu_hours"), sm_known) if sm_known > 0 else math.nan
+    sm_active, sm_known = _sm_basis(e)
+    sm_per_usd = _ratio(sm_active, sm_known)
+    util_known = total_usd - _sum(e, "unknown_activity_usd")
     return Table(
         columns=(
             "Experiment",
@@ -579,7 +588,7 @@ def _experiment_table(e: pd.DataFrame) -> Table:
             util(_ratio(active, gpu_hours)),
             money(total_usd),
             money(_sum(e, "idle_usd")),
-            number(_ratio(active, total_usd), 3),
+            number(_ratio(active, util_known), 3),
             number(sm_per_usd, 3),
             money(_ratio(total_usd, active)),
             number(_sum(e, "energy_kwh")),

@@ -42,7 +42,8 @@ gpus AS (
   SELECT g.* REPLACE (coalesce(g.gpu_share, 1.0) AS gpu_share, coalesce(g.gpu_profile, '') AS gpu_profile,
                       coalesce(g.activity_seconds, g.seconds_with_data) AS activity_seconds,
                       coalesce(g.device_seconds, g.seconds_with_data) AS device_seconds,
-                      coalesce(g.run_id, '') AS run_id, coalesce(g.sm_activity_seconds, 0) AS sm_activity_seconds),
+                      coalesce(g.run_id, '') AS run_id, coalesce(g.sm_activity_seconds, 0) AS sm_activity_seconds,
+                      coalesce(g.held_wall_seconds, g.held_seconds) AS held_wall_seconds),
          n.gpus_on_node
   FROM gpu_hourly g
   JOIN (SELECT node, hour, count(DISTINCT coalesce(gpu, -1)::VARCHAR || '|' || uuid) AS gpus_on_node FROM gpu_hourly
@@ -63,6 +64,7 @@ gpu_rows AS (
          -- GPU-seconds: a slice's seconds count for its share of the GPU
          g.seconds_with_data * g.gpu_share AS gpu_seconds, g.held_seconds * g.gpu_share AS held_seconds,
          g.active_gpu_seconds, g.energy_kwh, g.sm_active_gpu_seconds, g.tensor_active_gpu_seconds,
+         g.held_wall_seconds,
          -- this row's part of its unit's cost for the hour
          coalesce(c.cost_usd, 0) / g.gpus_on_node * g.gpu_share * g.seconds_with_data / g.device_seconds AS gpu_cost,
          coalesce(least(g.held_seconds / nullif(g.seconds_with_data, 0), 1), 0) AS held_frac,
@@ -81,7 +83,7 @@ gpu_rows AS (
   FROM gpus g LEFT JOIN node_cost c USING (node, hour)
   UNION ALL
   SELECT u.hour, u.node, u.gpu, u.uuid, NULL, 'unsliced', u.share, '', '', '', '', 'mig_unsliced', 'AmazonEC2',
-         coalesce(c.instance_ids, ''), u.seconds_with_data * u.share, 0.0, 0.0, 0.0, NULL, NULL,
+         coalesce(c.instance_ids, ''), u.seconds_with_data * u.share, 0.0, 0.0, 0.0, NULL, NULL, 0.0,
          coalesce(c.cost_usd, 0) / u.gpus_on_node * u.share, 0.0, 1.0, 0.0, 1.0, 0.0,
          coalesce(c.cost_source, 'estimate')
   FROM unsliced u LEFT JOIN node_cost c USING (node, hour)
@@ -93,7 +95,7 @@ orphan_node_rows AS (
          'node_without_gpus' AS kind, 'AmazonEC2' AS service, c.instance_ids AS resource_id,
          0.0 AS gpu_seconds, 0.0 AS held_seconds, 0.0 AS active_gpu_seconds, 0.0 AS energy_kwh,
          NULL::DOUBLE AS sm_active_gpu_seconds, NULL::DOUBLE AS tensor_active_gpu_seconds,
-         c.cost_usd AS gpu_cost, 0.0 AS held_frac, 1.0 AS known_frac, 0.0 AS active_frac,
+         0.0 AS held_wall_seconds, c.cost_usd AS gpu_cost, 0.0 AS held_frac, 1.0 AS known_frac, 0.0 AS active_frac,
          1.0 AS sm_known_frac, 0.0 AS sm_active_frac, c.cost_source
   FROM node_cost c ANTI JOIN gpus g USING (node, hour)
 ),
@@ -124,6 +126,7 @@ other_rows AS (
          o.service, o.resource_id,
          0.0 AS gpu_seconds, 0.0 AS held_seconds, 0.0 AS active_gpu_seconds, 0.0 AS energy_kwh,
          NULL::DOUBLE AS sm_active_gpu_seconds, NULL::DOUBLE AS tensor_active_gpu_seconds,
+         0.0 AS held_wall_seconds,
          o.cost_usd * CASE WHEN o.experiment <> '' OR h.experiment IS NULL THEN 1
                            ELSE h.held_seconds / (SELECT sum(held_seconds) FROM held) END AS gpu_cost,
          -- nobody held a GPU that day: the shared lines are cluster idle
@@ -149,6 +152,6 @@ SELECT hour, node, gpu, uuid, pod, namespace, experiment, kind, service, resourc
             ELSE 0 END AS sm_idle_usd,
        CASE WHEN kind = 'gpu' THEN gpu_cost * held_frac * (1 - CASE WHEN sm_active_frac IS NULL THEN 0 ELSE sm_known_frac END)
             ELSE 0 END AS sm_unknown_activity_usd,
-       tensor_active_gpu_seconds
+       tensor_active_gpu_seconds, held_wall_seconds
 FROM rows
 ORDER BY hour, kind, node, gpu, gpu_instance NULLS FIRST, pod = '', namespace, pod, experiment, service, resource_id
