@@ -435,28 +435,13 @@ def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
 # ------------------------------------------------------------------------------------------------ ours
 def run_ours(root: str) -> dict:
     """The five report assets' work for the week, in order, as their code does it (no Dagster)."""
-    import duckdb
-    import pyarrow as pa
 
-    from foxhunt_obs.lib.analysis.allocation import (
-        build_cost_allocation,
-        build_outcome_per_dollar,
-        build_utilization_per_dollar,
-        register_prices,
-    )
-    from foxhunt_obs.lib.analysis.gpu_hourly import build_gpu_hourly
     from foxhunt_obs.lib.analysis.prices import load_price_table
     from foxhunt_obs.lib.lake import Lake
     from foxhunt_obs.lib.schemas import (
         COST_ALLOCATION,
         COSTS_DAILY,
-        COSTS_HOURLY,
-        GPU_HOURLY,
-        GPU_SAMPLES,
-        NODE_SAMPLES,
         OUTCOME_PER_DOLLAR,
-        TRAINING_METRICS,
-        TRAINING_RUNS,
         UTILIZATION_PER_DOLLAR,
     )
 
@@ -479,152 +464,32 @@ def run_ours(root: str) -> dict:
         def __exit__(self, *exc):
             parts[self.stage][self.part] += time.perf_counter() - self.t
 
-    def md(df) -> str:  # what the assets' _md does for the UI
-        return df.to_markdown(index=False, floatfmt=".2f") if len(df) else "none"
-
     t_all, c_all = time.perf_counter(), cpu_s()
 
-    # gpu_hourly (defs/gpu/assets.py)
-    st = "gpu_hourly"
-    t0, c0 = time.perf_counter(), cpu_s()
-    tables = {}
-    for day in days:
-        key = day.strftime("%Y-%m-%d")
-        with timer(st, "connect"):
-            con = store.connect([GPU_SAMPLES])
-        try:
-            with timer(st, "sql"):
-                table = build_gpu_hourly(con, day)
-        finally:
-            con.close()
-        with timer(st, "write"):
-            store.write_partition(GPU_HOURLY, key, table)
-        tables[key] = table
-    with timer(st, "metadata"):
-        con = duckdb.connect(":memory:")
-        con.register("t", pa.concat_tables(tables.values()))
-        rows, gpus, gpu_hours, active, kwh = con.execute(
-            """SELECT count(*), count(DISTINCT uuid), coalesce(sum(seconds_with_data), 0) / 3600,
-                      coalesce(sum(active_gpu_seconds), 0) / 3600, coalesce(sum(energy_kwh), 0) FROM t"""
-        ).fetchone()
-        per_exp = con.execute(
-            """SELECT experiment, round(sum(seconds_with_data) / 3600, 2) AS gpu_hours,
-                      round(sum(active_gpu_seconds) / 3600, 2) AS active_gpu_hours,
-                      round(sum(active_gpu_seconds) / nullif(sum(seconds_with_data), 0), 3) AS mean_util
-               FROM t GROUP BY experiment ORDER BY experiment"""
-        ).fetch_df()
-        con.close()
-        per_exp.to_markdown(index=False)
-    stage_s[st], stage_cpu[st], rss_after[st] = time.perf_counter() - t0, cpu_s() - c0, rss_mb()
-    out["gpu_hourly"] = {
-        "rows": rows,
-        "gpus": gpus,
-        "gpu_hours": gpu_hours,
-        "active_gpu_hours": active,
-        "kwh": kwh,
-    }
+    # the four daily tables, by the functions their assets call (lib/tables/daily.py), metadata included
+    from foxhunt_obs.lib.tables import daily as tables
 
-    # cost_allocation (defs/reports/assets.py), with its sums_to_the_bill check
-    st = "cost_allocation"
-    t0, c0 = time.perf_counter(), cpu_s()
-    with timer(st, "prices"):
+    with timer("cost_allocation", "prices"):
         prices = load_price_table("us-east-1")
-    tables, bills = {}, {}
-    for day in days:
-        key = day.strftime("%Y-%m-%d")
-        with timer(st, "connect"):
-            con = store.connect([GPU_HOURLY, NODE_SAMPLES, COSTS_HOURLY, COSTS_DAILY])
-        try:
-            register_prices(con, prices)
-            with timer(st, "sql"):
-                table = build_cost_allocation(con, day.date())
-            with timer(st, "bill"):
-                bills[key] = con.execute(
-                    """SELECT coalesce(sum(cost_usd) FILTER (WHERE source = 'cur'),
-                                       sum(cost_usd) FILTER (WHERE source = 'estimate')),
-                              CASE WHEN count(*) FILTER (WHERE source = 'cur') > 0 THEN 'cur' ELSE 'estimate' END
-                       FROM costs_daily WHERE day = $key""",
-                    {"key": key},
-                ).fetchone()
-        finally:
-            con.close()
-        with timer(st, "write"):
-            store.write_partition(COST_ALLOCATION, key, table)
-        tables[key] = table
-    with timer(st, "metadata"):
-        con = duckdb.connect(":memory:")
-        con.register("t", pa.concat_tables(tables.values()))
-        per_day = con.execute(
-            """SELECT strftime(hour, '%Y-%m-%d') AS day, sum(allocated_usd) AS allocated_usd,
-                      sum(unallocated_usd) AS unallocated_usd, sum(idle_usd) AS idle_usd,
-                      string_agg(DISTINCT cost_source, '+' ORDER BY cost_source) AS cost_source
-               FROM t GROUP BY ALL ORDER BY day"""
-        ).fetch_df()
-        by_experiment = con.execute(
-            """SELECT coalesce(nullif(experiment, ''), '(cluster idle)') AS experiment,
-                      round(sum(held_seconds) / 3600, 2) AS gpu_hours, round(sum(allocated_usd), 2) AS allocated_usd,
-                      round(sum(idle_usd), 2) AS idle_usd, round(sum(unallocated_usd), 2) AS unallocated_usd
-               FROM t GROUP BY ALL ORDER BY experiment"""
-        ).fetch_df()
-        con.close()
-        md(per_day), md(by_experiment)
-        mismatches = []
-        for row in per_day.itertuples():
-            bill, source = bills.get(row.day, (None, ""))
-            total = row.allocated_usd + row.unallocated_usd
-            if bill is None or abs(total - bill) > 0.001 * max(abs(bill), 1e-9):
-                mismatches.append(f"{row.day}: allocated {total:.4f} vs bill ({source}) {bill}")
-    stage_s[st], stage_cpu[st], rss_after[st] = time.perf_counter() - t0, cpu_s() - c0, rss_mb()
-    out["cost_allocation"] = {
-        "rows": sum(t.num_rows for t in tables.values()),
-        "sums_to_the_bill": not mismatches,
-        "mismatches": mismatches,
-        "week_bill_usd": sum(b[0] for b in bills.values()),
-    }
-
-    # utilization_per_dollar
-    st = "utilization_per_dollar"
-    t0, c0 = time.perf_counter(), cpu_s()
-    tables = {}
-    for day in days:
-        key = day.strftime("%Y-%m-%d")
-        with timer(st, "connect"):
-            con = store.connect([COST_ALLOCATION])
-        try:
-            with timer(st, "sql"):
-                table = build_utilization_per_dollar(con, day.date())
-        finally:
-            con.close()
-        with timer(st, "write"):
-            store.write_partition(UTILIZATION_PER_DOLLAR, key, table)
-        tables[key] = table
-    with timer(st, "metadata"):
-        df = pa.concat_tables(tables.values()).to_pandas()
-        md(df[["day", "experiment", "gpu_hours", "active_gpu_hours", "allocated_usd", "idle_usd"]])
-    stage_s[st], stage_cpu[st], rss_after[st] = time.perf_counter() - t0, cpu_s() - c0, rss_mb()
-    out["utilization_per_dollar"] = {"rows": len(df)}
-
-    # outcome_per_dollar (no MLflow tables in this lake: the views are empty, the partitions too)
-    st = "outcome_per_dollar"
-    t0, c0 = time.perf_counter(), cpu_s()
-    tables = {}
-    for day in days:
-        key = day.strftime("%Y-%m-%d")
-        with timer(st, "connect"):
-            con = store.connect([TRAINING_RUNS, TRAINING_METRICS, COST_ALLOCATION])
-        try:
-            with timer(st, "sql"):
-                table = build_outcome_per_dollar(con, day.date())
-        finally:
-            con.close()
-        with timer(st, "write"):
-            store.write_partition(OUTCOME_PER_DOLLAR, key, table)
-        tables[key] = table
-    with timer(st, "metadata"):
-        df = pa.concat_tables(tables.values()).to_pandas()
-        md(df[["day", "run_name", "experiment", "success_start", "success_end", "usd", "usd_per_point"]])
-    stage_s[st], stage_cpu[st], rss_after[st] = time.perf_counter() - t0, cpu_s() - c0, rss_mb()
-    out["outcome_per_dollar"] = {"rows": len(df)}
+    for st, call in (
+        ("gpu_hourly", lambda: tables.gpu_hourly(store, days)),
+        ("cost_allocation", lambda: tables.cost_allocation(store, days, prices)),
+        ("utilization_per_dollar", lambda: tables.utilization_per_dollar(store, days)),
+        ("outcome_per_dollar", lambda: tables.outcome_per_dollar(store, days)),
+    ):
+        t0, c0 = time.perf_counter(), cpu_s()
+        built = call()
+        stage_s[st], stage_cpu[st], rss_after[st] = time.perf_counter() - t0, cpu_s() - c0, rss_mb()
+        out[st] = {"rows": built.rows}
+        if st == "gpu_hourly":
+            out[st] |= {k: built.summary[k] for k in ("gpus", "gpu_hours", "active_gpu_hours", "energy_kwh")}
+        if st == "cost_allocation":
+            (check,) = built.checks
+            out[st] |= {
+                "sums_to_the_bill": check.passed,
+                "mismatches": [] if check.passed else check.metadata["mismatches"].split("\n"),
+                "week_bill_usd": sum(b[0] for b in built.extra["bills"].values()),
+            }
 
     # weekly_cost_report: the asset imports matplotlib (via these modules) lazily, so it pays for it
     st = "weekly_cost_report"
@@ -800,12 +665,13 @@ def compare_gpu_hourly(ours_root: str, pandas_root: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ driver
-def child(args: list[str], timeout: float | None = None, pythonpath: str | None = None) -> dict | None:
-    """This script in a process of its own; ``pythonpath``: import foxhunt_obs from that checkout."""
-    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
+def child(args: list[str], timeout: float | None = None, checkout: str | None = None) -> dict | None:
+    """This script in a process of its own; ``checkout``: that checkout's own bench and foxhunt_obs."""
+    env = {**os.environ, "PYTHONPATH": checkout} if checkout else None
+    script = os.path.join(checkout, "bench", "report.py") if checkout else __file__
     try:
         out = subprocess.run(
-            [sys.executable, __file__, *args], capture_output=True, text=True, check=True, timeout=timeout,
+            [sys.executable, script, *args], capture_output=True, text=True, check=True, timeout=timeout,
             env=env,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -903,7 +769,7 @@ def main() -> None:
                 check = compare_gpu_hourly(lake_dir, pandas_dir) if pandas_runs else None
                 # last: the baseline rewrites the lake's derived tables in its own grain
                 base_runs = [
-                    child(["--method", "ours", "--lake", lake_dir], pythonpath=baseline_dir)
+                    child(["--method", "ours", "--lake", lake_dir], checkout=baseline_dir)
                     for _ in range(RUNS if baseline_dir else 0)
                 ]
             ours = summarize(ours_runs)

@@ -23,6 +23,13 @@ class TableSpec:
     schema: pa.Schema
     doc: str
 
+    def key(self, t) -> str:
+        """The partition value of the hour or day starting at t (a datetime or date)."""
+        formats = {"hour": "%Y-%m-%dT%H", "day": "%Y-%m-%d"}
+        if self.partition not in formats:
+            raise ValueError(f"table {self.name}: {self.partition!r} partitions have no time key")
+        return t.strftime(formats[self.partition])
+
 
 GPU_SAMPLES = TableSpec(
     name="gpu_samples",

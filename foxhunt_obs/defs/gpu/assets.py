@@ -6,11 +6,12 @@ import dagster as dg
 import duckdb
 import pyarrow as pa
 
+from foxhunt_obs import assetkit
 from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.defs.partitions import DAILY, HOURLY, days_of, hours_of
 from foxhunt_obs.defs.resources import LakeResource, PrometheusResource
 from foxhunt_obs.lib.analysis.catalog import load_catalog
-from foxhunt_obs.lib.analysis.gpu_hourly import build_gpu_hourly, hour_key
+from foxhunt_obs.lib.analysis.gpu_hourly import hour_key
 from foxhunt_obs.lib.analysis.gpu_series import (
     IngestError,
     Window,
@@ -20,9 +21,10 @@ from foxhunt_obs.lib.analysis.gpu_series import (
 )
 from foxhunt_obs.lib.analysis.mig import MigError
 from foxhunt_obs.lib.lake import LakeError, shrink_reason
-from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES, NODE_SAMPLES
+from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES
 from foxhunt_obs.lib.settings import Settings
 from foxhunt_obs.lib.sources.prometheus import PrometheusError
+from foxhunt_obs.lib.tables import daily as tables
 
 GPU_SAMPLES_CHECKS = [
     dg.AssetCheckSpec(
@@ -271,50 +273,12 @@ def node_samples(
     deps=[dg.AssetDep(gpu_samples, partition_mapping=dg.TimeWindowPartitionMapping())],
     group_name="gpu",
     kinds={"duckdb", "parquet"},
-    description="Per GPU-hour: holder pod/experiment, mean and p95 util, active GPU-seconds, energy, errors.",
+    description=(
+        "Per GPU-hour (or MIG slice-hour) and holder pod: its seconds, mean and p95 util, active GPU-seconds "
+        "on util and SM activity, energy, errors; pod '' is the part no pod held."
+    ),
 )
 def gpu_hourly(context: dg.AssetExecutionContext, lake: LakeResource):
-    store = lake.lake()
-    out = {}
-    for day in days_of(context.partition_time_window):
-        key = day.strftime("%Y-%m-%d")
-        con = store.connect([GPU_SAMPLES])
-        try:
-            table = build_gpu_hourly(con, day)
-        finally:
-            con.close()
-        try:
-            store.write_partition(GPU_HOURLY, key, table)
-        except LakeError as e:
-            raise failure(e) from None
-        out[key] = table
-    con = duckdb.connect(":memory:")
-    con.register("t", pa.concat_tables(out.values()))
-    # GPU-hours weighed by gpu_share (a MIG slice counts for its part of the GPU)
-    rows, gpus, gpu_hours, active, kwh, unknown, slices = con.execute(
-        """SELECT count(*), count(DISTINCT uuid), coalesce(sum(seconds_with_data * gpu_share), 0) / 3600,
-                  coalesce(sum(active_gpu_seconds), 0) / 3600, coalesce(sum(energy_kwh), 0),
-                  coalesce(sum((seconds_with_data - activity_seconds) * gpu_share), 0) / 3600,
-                  count(DISTINCT (uuid, gpu_instance)) FILTER (WHERE gpu_instance IS NOT NULL) FROM t"""
-    ).fetchone()
-    per_exp = con.execute(
-        """SELECT experiment, round(sum(seconds_with_data * gpu_share) / 3600, 2) AS gpu_hours,
-                  round(sum(active_gpu_seconds) / 3600, 2) AS active_gpu_hours,
-                  round(sum(active_gpu_seconds) / nullif(sum(activity_seconds * gpu_share), 0), 3) AS mean_util,
-                  round(sum((seconds_with_data - activity_seconds) * gpu_share) / 3600, 2) AS unknown_activity_gpu_hours
-           FROM t GROUP BY experiment ORDER BY experiment"""
-    ).fetch_df()
-    con.close()
-    return dg.MaterializeResult(
-        metadata={
-            "dagster/row_count": dg.MetadataValue.int(rows),
-            "gpus": dg.MetadataValue.int(gpus),
-            "gpu_hours": dg.MetadataValue.float(round(gpu_hours, 3)),
-            "active_gpu_hours": dg.MetadataValue.float(round(active, 3)),
-            "energy_kwh": dg.MetadataValue.float(round(kwh, 3)),
-            # GPU-hours with no util reported: unknown activity, never idle (check core_columns_reported)
-            "unknown_activity_gpu_hours": dg.MetadataValue.float(round(unknown, 3)),
-            "mig_slices": dg.MetadataValue.int(slices),
-            "by_experiment": dg.MetadataValue.md(per_exp.to_markdown(index=False) if rows else "empty"),
-        }
+    yield from assetkit.results(
+        assetkit.build(tables.gpu_hourly, lake.lake(), days_of(context.partition_time_window))
     )

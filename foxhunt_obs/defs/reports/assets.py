@@ -1,65 +1,30 @@
 """Utilization per dollar: the cost model applied per GPU-hour, per experiment and day, per MLflow run,
 and the weekly cost report (DESIGN §5)."""
 
-import math
 from datetime import timedelta
 
 import dagster as dg
-import duckdb
-import pyarrow as pa
 
+from foxhunt_obs import assetkit
 from foxhunt_obs.defs.costs.assets import costs_daily, costs_hourly
 from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.defs.gpu.assets import gpu_hourly, node_samples
 from foxhunt_obs.defs.partitions import DAILY, WEEKLY, days_of
 from foxhunt_obs.defs.resources import LakeResource, SlackBotResource
 from foxhunt_obs.defs.training.assets import training_metrics, training_runs
-from foxhunt_obs.lib.analysis.allocation import (
-    CLUSTER_IDLE,
-    build_cost_allocation,
-    build_outcome_per_dollar,
-    build_utilization_per_dollar,
-    register_prices,
-)
-from foxhunt_obs.lib.analysis.prices import PriceError, load_price_table
+from foxhunt_obs.lib.analysis.allocation import CLUSTER_IDLE
+from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.lake import LakeError
 from foxhunt_obs.lib.schemas import (
     COST_ALLOCATION,
     COSTS_DAILY,
-    COSTS_HOURLY,
-    GPU_HOURLY,
-    NODE_SAMPLES,
     OUTCOME_PER_DOLLAR,
-    TRAINING_METRICS,
-    TRAINING_RUNS,
     UTILIZATION_PER_DOLLAR,
 )
 from foxhunt_obs.lib.settings import env
+from foxhunt_obs.lib.tables import daily as tables
 
 DAY_TO_DAY = dg.TimeWindowPartitionMapping()
-BILL_TOLERANCE = 0.001  # allocations sum to the day's bill within 0.1 %
-
-
-def _per_day(context, lake: LakeResource, reads, build, spec) -> dict[str, pa.Table]:
-    """Each day of the run: `build(connection over reads, day)` written as the day's partition of spec."""
-    store, out = lake.lake(), {}
-    for day in days_of(context.partition_time_window):
-        key = day.strftime("%Y-%m-%d")
-        con = store.connect(reads)
-        try:
-            table = build(con, day.date())
-        finally:
-            con.close()
-        try:
-            store.write_partition(spec, key, table)
-        except LakeError as e:
-            raise failure(e) from None
-        out[key] = table
-    return out
-
-
-def _md(df) -> dg.MetadataValue:
-    return dg.MetadataValue.md(df.to_markdown(index=False, floatfmt=".2f") if len(df) else "none")
 
 
 @dg.asset(
@@ -81,70 +46,15 @@ def _md(df) -> dg.MetadataValue:
         )
     ],
     description=(
-        "Per GPU-hour: node, GPU, holder pod and experiment, allocated $, unallocated (cluster idle) $, "
-        "active GPU-seconds, idle $, cost source; plus the day's tagged and shared bill lines."
+        "Per GPU-hour and holder pod: node, GPU, pod, namespace and experiment, allocated $, unallocated "
+        "(cluster idle) $, active GPU-seconds, idle $ on util and SM activity, cost source; plus the day's "
+        "tagged and shared bill lines."
     ),
 )
 def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource):
-    store = lake.lake()
-    try:
-        prices = load_price_table(env("FOXHUNT_PRICE_REGION"))
-    except PriceError as e:
-        raise failure(e) from None
-    out, bills = {}, {}
-    for day in days_of(context.partition_time_window):
-        key = day.strftime("%Y-%m-%d")
-        con = store.connect([GPU_HOURLY, NODE_SAMPLES, COSTS_HOURLY, COSTS_DAILY])
-        try:
-            register_prices(con, prices)
-            table = build_cost_allocation(con, day.date())
-            bills[key] = con.execute(
-                """SELECT coalesce(sum(cost_usd) FILTER (WHERE source = 'cur'),
-                                   sum(cost_usd) FILTER (WHERE source = 'estimate')),
-                          CASE WHEN count(*) FILTER (WHERE source = 'cur') > 0 THEN 'cur' ELSE 'estimate' END
-                   FROM costs_daily WHERE day = $key""",
-                {"key": key},
-            ).fetchone()
-        finally:
-            con.close()
-        try:
-            store.write_partition(COST_ALLOCATION, key, table)
-        except LakeError as e:
-            raise failure(e) from None
-        out[key] = table
-    con = duckdb.connect(":memory:")
-    con.register("t", pa.concat_tables(out.values()))
-    per_day = con.execute(
-        """SELECT strftime(hour, '%Y-%m-%d') AS day, sum(allocated_usd) AS allocated_usd,
-                  sum(unallocated_usd) AS unallocated_usd, sum(idle_usd) AS idle_usd,
-                  string_agg(DISTINCT cost_source, '+' ORDER BY cost_source) AS cost_source
-           FROM t GROUP BY ALL ORDER BY day"""
-    ).fetch_df()
-    by_experiment = con.execute(
-        """SELECT coalesce(nullif(experiment, ''), '(cluster idle)') AS experiment,
-                  round(sum(held_seconds) / 3600, 2) AS gpu_hours, round(sum(allocated_usd), 2) AS allocated_usd,
-                  round(sum(idle_usd), 2) AS idle_usd, round(sum(unallocated_usd), 2) AS unallocated_usd
-           FROM t GROUP BY ALL ORDER BY experiment"""
-    ).fetch_df()
-    con.close()
-    mismatches = []
-    for row in per_day.itertuples():
-        bill, source = bills.get(row.day, (None, ""))
-        total = row.allocated_usd + row.unallocated_usd
-        if bill is None or abs(total - bill) > BILL_TOLERANCE * max(abs(bill), 1e-9):
-            mismatches.append(f"{row.day}: allocated {total:.4f} vs bill ({source}) {bill}")
-    yield dg.MaterializeResult(
-        metadata={
-            "dagster/row_count": dg.MetadataValue.int(sum(t.num_rows for t in out.values())),
-            "by_day": _md(per_day),
-            "by_experiment": _md(by_experiment),
-        }
-    )
-    yield dg.AssetCheckResult(
-        check_name="sums_to_the_bill",
-        passed=not mismatches,
-        metadata={"mismatches": dg.MetadataValue.text("\n".join(mismatches) or "none")},
-    )
+    prices = assetkit.build(load_price_table, env("FOXHUNT_PRICE_REGION"))
+    days = days_of(context.partition_time_window)
+    yield from assetkit.results(assetkit.build(tables.cost_allocation, lake.lake(), days, prices))
 
 
 @dg.asset(
@@ -160,42 +70,8 @@ def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource):
     ),
 )
 def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
-    out = _per_day(context, lake, [COST_ALLOCATION], build_utilization_per_dollar, UTILIZATION_PER_DOLLAR)
-    df = pa.concat_tables(out.values()).to_pandas()
-    total = df.allocated_usd.sum()
-    active = df.active_gpu_hours.sum()
-    held = df[df.experiment != CLUSTER_IDLE]
-    # NaN where no GPU reported SM activity: unknown, not 0 (the cluster row's unheld $ make no basis)
-    sm_known = total - df.sm_unknown_activity_usd.sum() if held.sm_active_gpu_hours.notna().any() else 0.0
-    return dg.MaterializeResult(
-        metadata={
-            "dagster/row_count": dg.MetadataValue.int(len(df)),
-            "allocated_usd": dg.MetadataValue.float(round(float(total), 2)),
-            "idle_usd": dg.MetadataValue.float(round(float(df.idle_usd.sum()), 2)),
-            "active_gpu_hours_per_usd": dg.MetadataValue.float(
-                round(float(active / total), 5) if total else math.nan
-            ),
-            "sm_active_gpu_hours_per_usd": dg.MetadataValue.float(
-                round(float(df.sm_active_gpu_hours.sum() / sm_known), 5) if sm_known > 1e-9 else math.nan
-            ),
-            "table": _md(
-                df[
-                    [
-                        "day",
-                        "experiment",
-                        "gpu_hours",
-                        "active_gpu_hours",
-                        "allocated_usd",
-                        "idle_usd",
-                        "active_gpu_hours_per_usd",
-                        "sm_active_gpu_hours_per_usd",
-                        "usd_per_active_gpu_hour",
-                        "cost_source",
-                    ]
-                ]
-            ),
-        }
-    )
+    days = days_of(context.partition_time_window)
+    yield from assetkit.results(assetkit.build(tables.utilization_per_dollar, lake.lake(), days))
 
 
 @dg.asset(
@@ -215,28 +91,8 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
     ),
 )
 def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
-    reads = [TRAINING_RUNS, TRAINING_METRICS, COST_ALLOCATION]
-    out = _per_day(context, lake, reads, build_outcome_per_dollar, OUTCOME_PER_DOLLAR)
-    df = pa.concat_tables(out.values()).to_pandas()
-    view = df[
-        [
-            "day",
-            "run_name",
-            "experiment",
-            "success_start",
-            "success_end",
-            "usd",
-            "usd_per_point",
-            "charged_by",
-        ]
-    ]
-    return dg.MaterializeResult(
-        metadata={
-            "dagster/row_count": dg.MetadataValue.int(len(df)),
-            "runs": _md(view),
-            "runs_without_known_gpu": dg.MetadataValue.int(int(df.usd.isna().sum())),
-        }
-    )
+    days = days_of(context.partition_time_window)
+    yield from assetkit.results(assetkit.build(tables.outcome_per_dollar, lake.lake(), days))
 
 
 @dg.asset(

@@ -1,0 +1,48 @@
+"""The one Dagster-aware helper outside defs/: a table function's `Built` (lib/tables) as the asset's
+materialization and check results, and its lake or source error as a failed step, once."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import dagster as dg
+
+from foxhunt_obs.defs.failures import failure
+from foxhunt_obs.lib.analysis.prices import PriceError
+from foxhunt_obs.lib.lake import LakeError
+from foxhunt_obs.lib.tables import Built, Markdown
+
+# what a table function may raise that is the input's fault, not a bug: shown as the step's failure
+EXPECTED_ERRORS = (LakeError, PriceError)
+
+
+def metadata_value(value: object) -> dg.MetadataValue:
+    if isinstance(value, Markdown):
+        return dg.MetadataValue.md(value)
+    if isinstance(value, bool):
+        return dg.MetadataValue.bool(value)
+    if isinstance(value, int):
+        return dg.MetadataValue.int(value)
+    if isinstance(value, float):
+        return dg.MetadataValue.float(value if math.isfinite(value) else math.nan)
+    return dg.MetadataValue.text(str(value))
+
+
+def build(fn: Callable[..., Built], *args, **kwargs) -> Built:
+    """`fn(*args)`, its expected errors raised as a Dagster Failure (scrubbed, without the chained cause)."""
+    try:
+        return fn(*args, **kwargs)
+    except EXPECTED_ERRORS as e:
+        raise failure(e) from None
+
+
+def results(built: Built) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+    """The materialization with the summary as metadata, then each check."""
+    yield dg.MaterializeResult(metadata={k: metadata_value(v) for k, v in built.summary.items()})
+    for check in built.checks:
+        yield dg.AssetCheckResult(
+            check_name=check.name,
+            passed=check.passed,
+            metadata={k: metadata_value(v) for k, v in check.metadata.items()},
+        )

@@ -1,0 +1,48 @@
+"""One plain function per lake table: it reads the lake (and its sources), writes the table's partitions
+and returns what the asset shows — a `Built`. No Dagster here: `foxhunt_obs/assetkit.py` turns a `Built`
+into the asset's materialization and check results, and `bench/` calls the same functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+import pyarrow as pa
+
+
+class Markdown(str):
+    """Metadata shown as Markdown (a table, or a word such as 'none')."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    metadata: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Built:
+    """What one run of a table's function wrote and found: its partitions (already in the lake), the
+    figures its asset shows (int, float, str, Markdown), and its checks."""
+
+    partitions: dict[str, pa.Table]
+    summary: dict[str, object]
+    checks: list[Check] = field(default_factory=list)
+    extra: dict[str, object] = field(default_factory=dict)  # facts for callers, not shown (the bench's)
+
+    @property
+    def rows(self) -> int:
+        return sum(t.num_rows for t in self.partitions.values())
+
+    def frame(self) -> pd.DataFrame:
+        return pa.concat_tables(self.partitions.values()).to_pandas()
+
+
+def md_table(df: pd.DataFrame, empty: str = "none", floatfmt: str | None = ".2f") -> Markdown:
+    """A frame as a Markdown table (floats to 2 decimals), or `empty` for no rows."""
+    if not len(df):
+        return Markdown(empty)
+    return Markdown(
+        df.to_markdown(index=False, floatfmt=floatfmt) if floatfmt else df.to_markdown(index=False)
+    )

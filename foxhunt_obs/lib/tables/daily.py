@@ -1,0 +1,198 @@
+"""The daily derived tables, one function each: gpu_hourly (from gpu_samples), cost_allocation (with its
+sums_to_the_bill check), utilization_per_dollar and outcome_per_dollar (DESIGN §5). Each writes one
+partition per day of `days` and returns the figures its asset shows; the SQL is in lib/analysis."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+import duckdb
+import pyarrow as pa
+
+from foxhunt_obs.lib.analysis.allocation import (
+    CLUSTER_IDLE,
+    build_cost_allocation,
+    build_outcome_per_dollar,
+    build_utilization_per_dollar,
+    register_prices,
+)
+from foxhunt_obs.lib.analysis.gpu_hourly import build_gpu_hourly
+from foxhunt_obs.lib.analysis.prices import PriceTable
+from foxhunt_obs.lib.lake import Lake
+from foxhunt_obs.lib.schemas import (
+    COST_ALLOCATION,
+    COSTS_DAILY,
+    COSTS_HOURLY,
+    GPU_HOURLY,
+    GPU_SAMPLES,
+    NODE_SAMPLES,
+    OUTCOME_PER_DOLLAR,
+    TRAINING_METRICS,
+    TRAINING_RUNS,
+    UTILIZATION_PER_DOLLAR,
+    TableSpec,
+)
+from foxhunt_obs.lib.tables import Built, Check, Markdown, md_table
+
+BILL_TOLERANCE = 0.001  # allocations sum to the day's bill within 0.1 %
+
+
+def _per_day(lake: Lake, days: Sequence[datetime], reads: list[TableSpec], spec: TableSpec, build) -> dict:
+    """Each day: `build(connection over reads, day)` written as the day's partition of spec."""
+    out = {}
+    for day in days:
+        con = lake.connect(reads)
+        try:
+            table = build(con, day)
+        finally:
+            con.close()
+        lake.write_partition(spec, spec.key(day), table)
+        out[spec.key(day)] = table
+    return out
+
+
+def _query(tables: dict[str, pa.Table], *statements: str):
+    """Run statements over the written partitions as the view t; each answer as a DataFrame."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("t", pa.concat_tables(tables.values()))
+        return [con.execute(s).fetch_df() for s in statements]
+    finally:
+        con.close()
+
+
+def gpu_hourly(lake: Lake, days: Sequence[datetime]) -> Built:
+    tables = _per_day(lake, days, [GPU_SAMPLES], GPU_HOURLY, build_gpu_hourly)
+    # GPU-hours weighed by gpu_share (a MIG slice counts for its part of the GPU)
+    totals, per_exp = _query(
+        tables,
+        """SELECT count(*) AS n, count(DISTINCT uuid) AS gpus, coalesce(sum(seconds_with_data * gpu_share), 0) / 3600 AS gh,
+                  coalesce(sum(active_gpu_seconds), 0) / 3600 AS active, coalesce(sum(energy_kwh), 0) AS kwh,
+                  coalesce(sum((seconds_with_data - activity_seconds) * gpu_share), 0) / 3600 AS unknown,
+                  count(DISTINCT (uuid, gpu_instance)) FILTER (WHERE gpu_instance IS NOT NULL) AS slices FROM t""",
+        """SELECT experiment, round(sum(seconds_with_data * gpu_share) / 3600, 2) AS gpu_hours,
+                  round(sum(active_gpu_seconds) / 3600, 2) AS active_gpu_hours,
+                  round(sum(active_gpu_seconds) / nullif(sum(activity_seconds * gpu_share), 0), 3) AS mean_util,
+                  round(sum((seconds_with_data - activity_seconds) * gpu_share) / 3600, 2) AS unknown_activity_gpu_hours
+           FROM t GROUP BY experiment ORDER BY experiment""",
+    )
+    t = totals.iloc[0]
+    rows = int(t.n)
+    return Built(
+        tables,
+        {
+            "dagster/row_count": rows,
+            "gpus": int(t.gpus),
+            "gpu_hours": round(float(t.gh), 3),
+            "active_gpu_hours": round(float(t.active), 3),
+            "energy_kwh": round(float(t.kwh), 3),
+            # GPU-hours with no util reported: unknown activity, never idle (check core_columns_reported)
+            "unknown_activity_gpu_hours": round(float(t.unknown), 3),
+            "mig_slices": int(t.slices),
+            "by_experiment": md_table(per_exp, empty="empty", floatfmt=None) if rows else Markdown("empty"),
+        },
+    )
+
+
+def cost_allocation(lake: Lake, days: Sequence[datetime], prices: PriceTable) -> Built:
+    bills = {}
+
+    def build(con: duckdb.DuckDBPyConnection, day: datetime) -> pa.Table:
+        register_prices(con, prices)
+        table = build_cost_allocation(con, day.date())
+        key = COST_ALLOCATION.key(day)
+        bills[key] = con.execute(
+            """SELECT coalesce(sum(cost_usd) FILTER (WHERE source = 'cur'),
+                               sum(cost_usd) FILTER (WHERE source = 'estimate')),
+                      CASE WHEN count(*) FILTER (WHERE source = 'cur') > 0 THEN 'cur' ELSE 'estimate' END
+               FROM costs_daily WHERE day = $key""",
+            {"key": key},
+        ).fetchone()
+        return table
+
+    tables = _per_day(
+        lake, days, [GPU_HOURLY, NODE_SAMPLES, COSTS_HOURLY, COSTS_DAILY], COST_ALLOCATION, build
+    )
+    per_day, by_experiment = _query(
+        tables,
+        """SELECT strftime(hour, '%Y-%m-%d') AS day, sum(allocated_usd) AS allocated_usd,
+                  sum(unallocated_usd) AS unallocated_usd, sum(idle_usd) AS idle_usd,
+                  string_agg(DISTINCT cost_source, '+' ORDER BY cost_source) AS cost_source
+           FROM t GROUP BY ALL ORDER BY day""",
+        f"""SELECT coalesce(nullif(experiment, ''), '{CLUSTER_IDLE}') AS experiment,
+                  round(sum(held_seconds) / 3600, 2) AS gpu_hours, round(sum(allocated_usd), 2) AS allocated_usd,
+                  round(sum(idle_usd), 2) AS idle_usd, round(sum(unallocated_usd), 2) AS unallocated_usd
+           FROM t GROUP BY ALL ORDER BY experiment""",
+    )
+    mismatches = []
+    for row in per_day.itertuples():
+        bill, source = bills.get(row.day, (None, ""))
+        total = row.allocated_usd + row.unallocated_usd
+        if bill is None or abs(total - bill) > BILL_TOLERANCE * max(abs(bill), 1e-9):
+            mismatches.append(f"{row.day}: allocated {total:.4f} vs bill ({source}) {bill}")
+    built = Built(tables, {"by_day": md_table(per_day), "by_experiment": md_table(by_experiment)})
+    built.summary = {"dagster/row_count": built.rows, **built.summary}
+    built.checks.append(
+        Check("sums_to_the_bill", not mismatches, {"mismatches": "\n".join(mismatches) or "none"})
+    )
+    built.extra["bills"] = bills  # the day's bill the check compared with
+    return built
+
+
+def utilization_per_dollar(lake: Lake, days: Sequence[datetime]) -> Built:
+    tables = _per_day(
+        lake,
+        days,
+        [COST_ALLOCATION],
+        UTILIZATION_PER_DOLLAR,
+        lambda con, d: build_utilization_per_dollar(con, d.date()),
+    )
+    built = Built(tables, {})
+    df = built.frame()
+    total, active = df.allocated_usd.sum(), df.active_gpu_hours.sum()
+    held = df[df.experiment != CLUSTER_IDLE]
+    # NaN where no GPU reported SM activity: unknown, not 0 (the cluster row's unheld $ make no basis)
+    sm_known = total - df.sm_unknown_activity_usd.sum() if held.sm_active_gpu_hours.notna().any() else 0.0
+    columns = [
+        "day", "experiment", "gpu_hours", "active_gpu_hours", "allocated_usd", "idle_usd",
+        "active_gpu_hours_per_usd", "sm_active_gpu_hours_per_usd", "usd_per_active_gpu_hour", "cost_source",
+    ]  # fmt: skip
+    built.summary = {
+        "dagster/row_count": len(df),
+        "allocated_usd": round(float(total), 2),
+        "idle_usd": round(float(df.idle_usd.sum()), 2),
+        "active_gpu_hours_per_usd": round(float(active / total), 5) if total else float("nan"),
+        "sm_active_gpu_hours_per_usd": (
+            round(float(df.sm_active_gpu_hours.sum() / sm_known), 5) if sm_known > 1e-9 else float("nan")
+        ),
+        "table": md_table(df[columns]),
+    }
+    return built
+
+
+def outcome_per_dollar(lake: Lake, days: Sequence[datetime]) -> Built:
+    reads = [TRAINING_RUNS, TRAINING_METRICS, COST_ALLOCATION]
+    tables = _per_day(
+        lake, days, reads, OUTCOME_PER_DOLLAR, lambda con, d: build_outcome_per_dollar(con, d.date())
+    )
+    built = Built(tables, {})
+    df = built.frame()
+    view = df[
+        [
+            "day",
+            "run_name",
+            "experiment",
+            "success_start",
+            "success_end",
+            "usd",
+            "usd_per_point",
+            "charged_by",
+        ]
+    ]
+    built.summary = {
+        "dagster/row_count": len(df),
+        "runs": md_table(view),
+        "runs_without_known_gpu": int(df.usd.isna().sum()),
+    }
+    return built
