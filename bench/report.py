@@ -438,12 +438,6 @@ def run_ours(root: str) -> dict:
 
     from foxhunt_obs.lib.analysis.prices import load_price_table
     from foxhunt_obs.lib.lake import Lake
-    from foxhunt_obs.lib.schemas import (
-        COST_ALLOCATION,
-        COSTS_DAILY,
-        OUTCOME_PER_DOLLAR,
-        UTILIZATION_PER_DOLLAR,
-    )
 
     rss_after_imports = rss_mb()
     store = Lake(root)
@@ -491,31 +485,17 @@ def run_ours(root: str) -> dict:
                 "week_bill_usd": sum(b[0] for b in built.extra["bills"].values()),
             }
 
-    # weekly_cost_report: the asset imports matplotlib (via these modules) lazily, so it pays for it
+    # weekly_cost_report: the asset's function (it imports matplotlib lazily, so it pays for it here)
+    from foxhunt_obs.lib.tables.weekly import weekly_cost_report
+
     st = "weekly_cost_report"
     t0, c0 = time.perf_counter(), cpu_s()
-    with timer(st, "import"):
-        from foxhunt_obs.lib.analysis.weekly import weekly_report_data
-        from foxhunt_obs.lib.delivery.weekly_report import render_weekly_report
-    week_start = WEEK_START.date()
-    with timer(st, "connect"):
-        con = store.connect([UTILIZATION_PER_DOLLAR, COST_ALLOCATION, OUTCOME_PER_DOLLAR, COSTS_DAILY])
-    try:
-        with timer(st, "data"):
-            data = weekly_report_data(con, week_start)
-    finally:
-        con.close()
-    assert not data.daily.empty
-    with timer(st, "render"):
-        report = render_weekly_report(data)
-    with timer(st, "write"):
-        files = {"report.md": report.markdown.encode(), "report.html": report.html.encode()}
-        files.update(report.charts)
-        paths = store.write_files(f"reports/week={week_start.isoformat()}", files)
+    built = weekly_cost_report(store, WEEK_START.date())  # no sink configured: nothing is sent
     stage_s[st], stage_cpu[st], rss_after[st] = time.perf_counter() - t0, cpu_s() - c0, rss_mb()
-    out["weekly_cost_report"] = {
-        "files": len(paths),
-        "html_bytes": len(files["report.html"]),
+    report = built.extra["report"]
+    out[st] = {
+        "files": len(built.summary["files"].splitlines()),
+        "html_bytes": len(report.html.encode()),
         "figures": {k: round(float(v), 4) for k, v in report.figures.items() if v == v},
     }
 

@@ -11,15 +11,17 @@ import dagster as dg
 from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.lib.analysis.prices import PriceError
 from foxhunt_obs.lib.lake import LakeError
-from foxhunt_obs.lib.tables import Built, Markdown
+from foxhunt_obs.lib.tables import Built, LakePath, Markdown, MissingInput
 
 # what a table function may raise that is the input's fault, not a bug: shown as the step's failure
-EXPECTED_ERRORS = (LakeError, PriceError)
+EXPECTED_ERRORS = (LakeError, PriceError, MissingInput)
 
 
 def metadata_value(value: object) -> dg.MetadataValue:
     if isinstance(value, Markdown):
         return dg.MetadataValue.md(value)
+    if isinstance(value, LakePath):
+        return dg.MetadataValue.path(value)
     if isinstance(value, bool):
         return dg.MetadataValue.bool(value)
     if isinstance(value, int):

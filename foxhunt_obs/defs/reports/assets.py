@@ -1,26 +1,16 @@
 """Utilization per dollar: the cost model applied per GPU-hour, per experiment and day, per MLflow run,
 and the weekly cost report (DESIGN §5)."""
 
-from datetime import timedelta
-
 import dagster as dg
 
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.costs.assets import costs_daily, costs_hourly
-from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.defs.gpu.assets import gpu_hourly, node_samples
 from foxhunt_obs.defs.partitions import DAILY, WEEKLY, days_of
 from foxhunt_obs.defs.resources import LakeResource, SlackBotResource
 from foxhunt_obs.defs.training.assets import training_metrics, training_runs
 from foxhunt_obs.lib.analysis.allocation import CLUSTER_IDLE
 from foxhunt_obs.lib.analysis.prices import load_price_table
-from foxhunt_obs.lib.lake import LakeError
-from foxhunt_obs.lib.schemas import (
-    COST_ALLOCATION,
-    COSTS_DAILY,
-    OUTCOME_PER_DOLLAR,
-    UTILIZATION_PER_DOLLAR,
-)
 from foxhunt_obs.lib.settings import env
 from foxhunt_obs.lib.tables import daily as tables
 
@@ -119,50 +109,12 @@ def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
     ),
 )
 def weekly_cost_report(context: dg.AssetExecutionContext, lake: LakeResource, slack: SlackBotResource):
-    # imported here: matplotlib costs ~1 s, which every code-location load would pay otherwise
-    from foxhunt_obs.lib.analysis.weekly import weekly_report_data
-    from foxhunt_obs.lib.delivery.send import DeliveryError, deliver
-    from foxhunt_obs.lib.delivery.weekly_report import render_weekly_report
+    from foxhunt_obs.lib.tables.weekly import weekly_cost_report as build
 
-    store = lake.lake()
     week_start = context.partition_time_window.start.date()
-    con = store.connect([UTILIZATION_PER_DOLLAR, COST_ALLOCATION, OUTCOME_PER_DOLLAR, COSTS_DAILY])
-    try:
-        data = weekly_report_data(con, week_start)
-    finally:
-        con.close()
-    if data.daily.empty:
-        raise dg.Failure(
-            description=f"weekly_cost_report week={week_start}: no utilization_per_dollar rows for "
-            f"{week_start}..{week_start + timedelta(days=6)} in {store.root}: materialize the week's "
-            "cost_allocation and utilization_per_dollar first"
+    built = assetkit.build(build, lake.lake(), week_start, slack_client=slack.get_client)
+    if built.extra["delivery_error"]:
+        context.log.error(
+            f"weekly_cost_report week={week_start}: delivery failed: {built.extra['delivery_error']}"
         )
-    report = render_weekly_report(data)
-    files = {"report.md": report.markdown.encode(), "report.html": report.html.encode()}
-    files.update(report.charts)  # the PNGs beside the report (the HTML embeds its own copies)
-    try:
-        paths = store.write_files(f"reports/week={week_start.isoformat()}", files)
-    except LakeError as e:
-        raise failure(e) from None
-    html_path = next(p for p in paths if p.endswith("report.html"))
-    metadata = {
-        "report": dg.MetadataValue.md(report.markdown),
-        "html": dg.MetadataValue.path(html_path),
-        "files": dg.MetadataValue.text("\n".join(paths)),
-    }
-    metadata.update(
-        {k: dg.MetadataValue.float(round(float(v), 4)) for k, v in report.figures.items() if v == v}
-    )
-    # the report is in the lake whatever happens here: a failed sink fails the check, not the asset
-    try:
-        sent, failures = deliver(report, week_start, slack_client=slack.get_client), {}
-    except DeliveryError as e:
-        sent, failures = e.delivered, e.failures
-        context.log.error(f"weekly_cost_report week={week_start}: delivery failed: {e}")
-    metadata["delivered_to"] = dg.MetadataValue.text(", ".join(sent) or "no sink configured")
-    yield dg.MaterializeResult(metadata=metadata)
-    yield dg.AssetCheckResult(
-        check_name="delivered",
-        passed=not failures,
-        metadata={"sent": ", ".join(sent) or "none", "failures": "\n".join(failures.values()) or "none"},
-    )
+    yield from assetkit.results(built)

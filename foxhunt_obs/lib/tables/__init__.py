@@ -14,6 +14,15 @@ class Markdown(str):
     """Metadata shown as Markdown (a table, or a word such as 'none')."""
 
 
+class LakePath(str):
+    """Metadata shown as a path (a file the run wrote to the lake)."""
+
+
+class MissingInput(ValueError):
+    """A table's inputs are not there yet (an upstream partition was never materialized): the message says
+    which and what to run."""
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
