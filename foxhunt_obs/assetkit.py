@@ -9,12 +9,16 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 
 from foxhunt_obs.defs.failures import failure
+from foxhunt_obs.lib.analysis.gpu_series import IngestError
+from foxhunt_obs.lib.analysis.mig import MigError
 from foxhunt_obs.lib.analysis.prices import PriceError
 from foxhunt_obs.lib.lake import LakeError
+from foxhunt_obs.lib.sources.prometheus import PrometheusError
 from foxhunt_obs.lib.tables import Built, LakePath, Markdown, MissingInput
+from foxhunt_obs.lib.tables.gpu import FewerRows
 
 # what a table function may raise that is the input's fault, not a bug: shown as the step's failure
-EXPECTED_ERRORS = (LakeError, PriceError, MissingInput)
+EXPECTED_ERRORS = (LakeError, PriceError, MissingInput, PrometheusError, MigError, IngestError, FewerRows)
 
 
 def metadata_value(value: object) -> dg.MetadataValue:
@@ -22,6 +26,8 @@ def metadata_value(value: object) -> dg.MetadataValue:
         return dg.MetadataValue.md(value)
     if isinstance(value, LakePath):
         return dg.MetadataValue.path(value)
+    if isinstance(value, (dict, list)):
+        return dg.MetadataValue.json(value)
     if isinstance(value, bool):
         return dg.MetadataValue.bool(value)
     if isinstance(value, int):
@@ -46,5 +52,12 @@ def results(built: Built) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult
         yield dg.AssetCheckResult(
             check_name=check.name,
             passed=check.passed,
+            severity=dg.AssetCheckSeverity(check.severity),
             metadata={k: metadata_value(v) for k, v in check.metadata.items()},
         )
+
+
+def log(context, built: Built) -> None:
+    """The table function's log lines (extra["log"]: (level, text)) into the run's log."""
+    for level, text in built.extra.get("log", ()):
+        getattr(context.log, level)(text)

@@ -28,6 +28,7 @@ class Check:
     name: str
     passed: bool
     metadata: dict[str, object] = field(default_factory=dict)
+    severity: str = "ERROR"  # or "WARN"
 
 
 @dataclass
