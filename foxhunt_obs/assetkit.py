@@ -13,12 +13,22 @@ from foxhunt_obs.lib.analysis.gpu_series import IngestError
 from foxhunt_obs.lib.analysis.mig import MigError
 from foxhunt_obs.lib.analysis.prices import PriceError
 from foxhunt_obs.lib.lake import LakeError
+from foxhunt_obs.lib.sources.fsx import FsxSourceError
 from foxhunt_obs.lib.sources.prometheus import PrometheusError
 from foxhunt_obs.lib.tables import Built, LakePath, Markdown, MissingInput
 from foxhunt_obs.lib.tables.gpu import FewerRows
 
 # what a table function may raise that is the input's fault, not a bug: shown as the step's failure
-EXPECTED_ERRORS = (LakeError, PriceError, MissingInput, PrometheusError, MigError, IngestError, FewerRows)
+EXPECTED_ERRORS = (
+    LakeError,
+    PriceError,
+    MissingInput,
+    PrometheusError,
+    MigError,
+    IngestError,
+    FewerRows,
+    FsxSourceError,
+)
 
 
 def metadata_value(value: object) -> dg.MetadataValue:
