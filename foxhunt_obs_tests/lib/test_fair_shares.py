@@ -14,13 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from foxhunt_obs.lib.analysis.allocation import (
-    build_cost_allocation,
-    build_outcome_per_dollar,
-    build_utilization_per_dollar,
-    register_prices,
-)
-from foxhunt_obs.lib.analysis.gpu_hourly import build_gpu_hourly
+from foxhunt_obs.lib.analysis.allocation import build_outcome_per_dollar
 from foxhunt_obs.lib.analysis.gpu_series import _time_slices
 from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.lake import Lake
@@ -28,12 +22,13 @@ from foxhunt_obs.lib.schemas import (
     COST_ALLOCATION,
     COSTS_DAILY,
     COSTS_HOURLY,
-    GPU_HOURLY,
     GPU_SAMPLES,
     NODE_SAMPLES,
     TRAINING_METRICS,
     TRAINING_RUNS,
 )
+from foxhunt_obs.lib.tables import daily as tables
+from foxhunt_obs_tests.lib.lake_rows import node_hour
 
 DAY = datetime(2026, 11, 16, tzinfo=timezone.utc)
 NODE, STEP = "ip-10-0-1-11", 60.0
@@ -63,35 +58,24 @@ def _samples() -> pa.Table:
     return pa.Table.from_pylist(rows, schema=GPU_SAMPLES.schema)
 
 
-def _nodes() -> pa.Table:
-    rows = [
-        dict(ts=DAY + timedelta(minutes=i), node=NODE, instance_type="p4de.24xlarge", instance_id="i-0abc",
-             gpus_reporting=2, gpu_node_up=True, step_seconds=STEP)
-        for i in range(60)
-    ]  # fmt: skip
-    return pa.Table.from_pylist(rows, schema=NODE_SAMPLES.schema)
-
-
 @pytest.fixture
 def built(tmp_path):
+    """The hand-built hour through the functions the assets call (lib/tables/daily.py)."""
     lake = Lake(str(tmp_path / "lake"))
     lake.write_partition(GPU_SAMPLES, "2026-11-16T00", _samples())
-    lake.write_partition(NODE_SAMPLES, "2026-11-16T00", _nodes())
-    con = lake.connect([GPU_SAMPLES])
-    hourly = build_gpu_hourly(con, DAY)
-    con.close()
-    lake.write_partition(GPU_HOURLY, "2026-11-16", hourly)
+    lake.write_partition(NODE_SAMPLES, "2026-11-16T00", node_hour(DAY, NODE, 2, STEP))
     for spec in (COSTS_HOURLY, COSTS_DAILY):
         lake.write_partition(spec, "2026-11-16", spec.schema.empty_table())
-    con = lake.connect([GPU_HOURLY, NODE_SAMPLES, COSTS_HOURLY, COSTS_DAILY])
-    register_prices(con, load_price_table("us-east-1"))
-    allocation = build_cost_allocation(con, date(2026, 11, 16))
-    con.close()
-    lake.write_partition(COST_ALLOCATION, "2026-11-16", allocation)
-    con = lake.connect([COST_ALLOCATION])
-    upd = build_utilization_per_dollar(con, date(2026, 11, 16))
-    con.close()
-    return hourly.to_pandas(), allocation.to_pandas(), upd.to_pandas().set_index("experiment")
+    hourly = tables.gpu_hourly(lake, [DAY]).frame()
+    allocation = tables.cost_allocation(lake, [DAY], load_price_table("us-east-1"))
+    (check,) = allocation.checks  # no bill in this lake, not even an estimate: nothing to sum to
+    assert (
+        check.name == "sums_to_the_bill"
+        and not check.passed
+        and "vs bill (estimate) None" in check.metadata["mismatches"]
+    )
+    upd = tables.utilization_per_dollar(lake, [DAY]).frame().set_index("experiment")
+    return hourly, allocation.frame(), upd
 
 
 def test_a_hand_off_at_20_past_charges_20_and_40_minutes(built):

@@ -2,9 +2,9 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from foxhunt_obs.lib.tables.gpu import gpu_checks
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import GPU_SAMPLES
+from foxhunt_obs.lib.tables.gpu import gpu_checks
 
 
 def _rows(util, temp, uuids, ts):

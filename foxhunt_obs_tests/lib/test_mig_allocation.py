@@ -16,6 +16,7 @@ from foxhunt_obs.lib.analysis.mig import MigError, slice_share
 from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import COSTS_DAILY, COSTS_HOURLY, GPU_HOURLY, GPU_SAMPLES, NODE_SAMPLES
+from foxhunt_obs_tests.lib.lake_rows import node_hour
 
 DAY = datetime(2026, 11, 16, tzinfo=timezone.utc)
 NODE, STEP = "ip-10-0-1-11", 60.0
@@ -66,20 +67,11 @@ def _samples() -> pa.Table:
     return pa.Table.from_pylist(rows, schema=GPU_SAMPLES.schema)
 
 
-def _nodes() -> pa.Table:
-    rows = [
-        dict(ts=DAY + timedelta(minutes=i), node=NODE, instance_type="p4de.24xlarge", instance_id="i-0abc",
-             gpus_reporting=2, gpu_node_up=True, step_seconds=STEP)
-        for i in range(60)
-    ]  # fmt: skip
-    return pa.Table.from_pylist(rows, schema=NODE_SAMPLES.schema)
-
-
 @pytest.fixture
 def allocated(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     lake.write_partition(GPU_SAMPLES, "2026-11-16T00", _samples())
-    lake.write_partition(NODE_SAMPLES, "2026-11-16T00", _nodes())
+    lake.write_partition(NODE_SAMPLES, "2026-11-16T00", node_hour(DAY, NODE, 2, STEP))
     con = lake.connect([GPU_SAMPLES])
     hourly = build_gpu_hourly(con, DAY)
     con.close()
@@ -164,7 +156,7 @@ def test_gpus_without_uuids_still_split_their_node(tmp_path):
         r["uuid"], r["util"], r["util_basis"] = "", 0.5, "DCGM_FI_DEV_GPU_UTIL"
     lake = Lake(str(tmp_path / "lake"))
     lake.write_partition(GPU_SAMPLES, "2026-11-16T00", pa.Table.from_pylist(rows, schema=GPU_SAMPLES.schema))
-    lake.write_partition(NODE_SAMPLES, "2026-11-16T00", _nodes())
+    lake.write_partition(NODE_SAMPLES, "2026-11-16T00", node_hour(DAY, NODE, 2, STEP))
     con = lake.connect([GPU_SAMPLES])
     lake.write_partition(GPU_HOURLY, "2026-11-16", build_gpu_hourly(con, DAY))
     con.close()
