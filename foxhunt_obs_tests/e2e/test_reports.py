@@ -263,6 +263,14 @@ def test_the_report_equals_the_tables(reported):
     for experiment in upd.experiment:
         total = upd[upd.experiment == experiment].allocated_usd.sum()
         assert f"{total:,.2f}" in markdown, experiment
+    # both activity bases, over the dollars each is known for (the GPU Operator nodes report SM activity)
+    util_known = upd.allocated_usd.sum() - upd.unknown_activity_usd.sum()
+    sm_known = upd.allocated_usd.sum() - upd.sm_unknown_activity_usd.sum()
+    assert meta["active_gpu_hours_per_usd"] == pytest.approx(upd.active_gpu_hours.sum() / util_known, abs=1e-4)
+    assert meta["sm_active_gpu_hours_per_usd"] == pytest.approx(upd.sm_active_gpu_hours.sum() / sm_known, abs=1e-4)
+    assert 0 < meta["sm_active_gpu_hours_per_usd"] < meta["active_gpu_hours_per_usd"]  # SM ≤ util here
+    assert f"{meta['sm_active_gpu_hours_per_usd']:,.3f} by SM activity" in markdown
+    assert "a hand-off at 14:20 charges the first pod 20 minutes" in markdown  # the split, in words
 
 
 def test_the_report_is_mailed_when_smtp_is_configured(reported, monkeypatch):

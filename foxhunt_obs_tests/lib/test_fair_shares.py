@@ -294,3 +294,48 @@ def test_a_run_without_a_namespace_is_charged_only_an_unambiguous_pod(outcomes):
         np.isnan(day1.loc["run-nostart", "usd"])
         and day1.loc["run-nostart", "charged_by"] == "no start time: no window"
     )
+
+
+def test_a_one_step_pod_an_unheld_hour_and_a_slice_handed_off(tmp_path):
+    """GPU 0: a pod for one step (00:30), nobody the rest of the hour and all of the next; GPU 1 in MIG
+    mode: slice 1 (3g.40gb, 3/7) held by m1 until 00:15, then m2; no other slice."""
+    rows = []
+    for i in range(120):
+        ts = DAY + timedelta(minutes=i)
+        base = dict(ts=ts, node=NODE, model="NVIDIA A100-SXM4-80GB", step_seconds=STEP, step_share=1.0,
+                    util=0.5, power_watts=100.0)  # fmt: skip
+        blip = i == 30
+        rows.append(base | dict(gpu=0, uuid="GPU-0", gpu_share=1.0, util_basis="DCGM_FI_DEV_GPU_UTIL",
+                                namespace="rl" if blip else "", pod="blip" if blip else "",
+                                experiment="blip" if blip else "unattributed"))  # fmt: skip
+        if i < 60:
+            pod = "m1" if i < 15 else "m2"
+            rows.append(base | dict(gpu=1, uuid="GPU-1", gpu_instance=1, gpu_profile="3g.40gb", gpu_share=3 / 7,
+                                    namespace="rl", pod=pod, experiment=pod, gr_engine_active=0.5,
+                                    util_basis="DCGM_FI_PROF_GR_ENGINE_ACTIVE"))  # fmt: skip
+    lake = Lake(str(tmp_path / "lake"))
+    samples = pa.Table.from_pylist(rows, schema=GPU_SAMPLES.schema)
+    for h in (0, 1):
+        start = DAY + timedelta(hours=h)
+        hour = samples.filter(pa.compute.equal(pa.compute.hour(samples["ts"]), h))
+        lake.write_partition(GPU_SAMPLES, GPU_SAMPLES.key(start), hour)
+        lake.write_partition(NODE_SAMPLES, NODE_SAMPLES.key(start), node_hour(start, NODE, 2, STEP))
+    for spec in (COSTS_HOURLY, COSTS_DAILY):
+        lake.write_partition(spec, "2026-11-16", spec.schema.empty_table())
+    tables.gpu_hourly(lake, [DAY])
+    alloc = tables.cost_allocation(lake, [DAY], load_price_table("us-east-1")).frame()
+    alloc["h"] = alloc["hour"].dt.hour
+    gpu0 = alloc[alloc.uuid == "GPU-0"].set_index(["h", "pod"])
+    assert gpu0.loc[(0, "blip"), "allocated_usd"] == pytest.approx(C * 60 / 3600)
+    assert gpu0.loc[(0, ""), "unallocated_usd"] == pytest.approx(C * 3540 / 3600)
+    # hour 1: GPU 0 the only one reporting on the node, so it carries the node's hour, nobody's
+    assert list(gpu0.loc[1].index) == [""] and gpu0.loc[(1, ""), "unallocated_usd"] == pytest.approx(PRICE)
+    mig = alloc[(alloc.uuid == "GPU-1") & (alloc.kind == "gpu")].set_index("pod")
+    assert mig["allocated_usd"].to_dict() == pytest.approx(
+        {"m1": C * 3 / 7 * 15 / 60, "m2": C * 3 / 7 * 45 / 60}
+    )
+    (rest,) = alloc[alloc.kind == "mig_unsliced"].itertuples()
+    assert rest.unallocated_usd == pytest.approx(C * 4 / 7)
+    # each hour's node cost, counted once
+    per_hour = alloc.groupby("h")[["allocated_usd", "unallocated_usd"]].sum().sum(axis=1)
+    assert per_hour.to_dict() == pytest.approx({0: PRICE, 1: PRICE})
