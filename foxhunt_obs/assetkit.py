@@ -14,6 +14,7 @@ from foxhunt_obs.lib.analysis.mig import MigError
 from foxhunt_obs.lib.analysis.prices import PriceError
 from foxhunt_obs.lib.lake import LakeError
 from foxhunt_obs.lib.sources.fsx import FsxSourceError
+from foxhunt_obs.lib.sources.mlflow import MlflowSourceError
 from foxhunt_obs.lib.sources.prometheus import PrometheusError
 from foxhunt_obs.lib.tables import Built, LakePath, Markdown, MissingInput
 from foxhunt_obs.lib.tables.gpu import FewerRows
@@ -28,6 +29,7 @@ EXPECTED_ERRORS = (
     IngestError,
     FewerRows,
     FsxSourceError,
+    MlflowSourceError,
 )
 
 

@@ -1,60 +1,12 @@
 """MLflow runs and metric histories into the lake, and training health per run and day."""
 
-import json
-from datetime import datetime, timedelta, timezone
-
 import dagster as dg
-import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from foxhunt_obs.defs.failures import failure
+from foxhunt_obs import assetkit
 from foxhunt_obs.defs.partitions import DAILY, days_of
 from foxhunt_obs.defs.resources import LakeResource, MlflowResource
-from foxhunt_obs.lib.analysis.training_health import build_training_health, load_thresholds, runs_frame
-from foxhunt_obs.lib.lake import LakeError
-from foxhunt_obs.lib.schemas import TRAINING_HEALTH, TRAINING_HISTORY, TRAINING_METRICS, TRAINING_RUNS
-from foxhunt_obs.lib.sources.mlflow import MlflowRun, MlflowSourceError
-
-SNAPSHOT = "current"
-TERMINAL = {"FINISHED", "FAILED", "KILLED"}
-
-
-def _needs_history(run: MlflowRun, prev: dict | None, have_history: bool) -> bool:
-    """Read a run's histories when they can have changed: new, still running, or ended since the
-    last read (once more), or something newer was logged. A finished run read after it ended is done."""
-    if prev is None or not have_history:
-        return True
-    if prev["history_status"] not in TERMINAL:
-        return True
-    last = prev["last_metric_time"]
-    return run.last_metric_time is not None and (last is None or run.last_metric_time > last)
-
-
-def _snapshot_row(run: MlflowRun, history_status: str, points: int, synced_at: datetime) -> dict:
-    duration = (run.end_time - run.start_time).total_seconds() if run.start_time and run.end_time else None
-    return {
-        "run_id": run.run_id,
-        "experiment_id": run.experiment_id,
-        "mlflow_experiment": run.experiment_name,
-        "experiment": run.tags.get("experiment") or run.experiment_name,
-        "run_name": run.run_name,
-        "status": run.status,
-        "deleted": run.deleted,
-        "start_time": run.start_time,
-        "end_time": run.end_time,
-        "duration_seconds": duration,
-        "user": run.user,
-        "params": json.dumps(run.params, sort_keys=True),
-        "tags": json.dumps(run.tags, sort_keys=True),
-        "pod": run.tags.get("pod", ""),
-        "namespace": run.tags.get("namespace", ""),
-        "metric_keys": json.dumps(sorted(run.metric_keys)),
-        "last_metric_time": run.last_metric_time,
-        "history_status": history_status,
-        "history_points": points,
-        "synced_at": synced_at,
-    }
+from foxhunt_obs.lib.analysis.training_health import load_thresholds
+from foxhunt_obs.lib.tables import training as tables
 
 
 @dg.asset(
@@ -63,63 +15,7 @@ def _snapshot_row(run: MlflowRun, history_status: str, points: int, synced_at: d
     description="One row per MLflow run (deleted ones flagged); reads only the histories that can have changed.",
 )
 def training_runs(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: MlflowResource):
-    store, source = lake.lake(), mlflow.source()
-    previous = store.read_partition(TRAINING_RUNS, SNAPSHOT)
-    prev = {r["run_id"]: r for r in previous.to_pylist()} if previous is not None else {}
-    have = set(store.partitions(TRAINING_HISTORY))
-    try:
-        runs = source.runs()
-        stale = [r for r in runs if _needs_history(r, prev.get(r.run_id), r.run_id in have)]
-        histories = source.histories(stale)
-    except MlflowSourceError as e:
-        raise failure(e, "training_runs: ") from None
-    now = datetime.now(timezone.utc)
-    rows, new_points = [], 0
-    by_run = _split(histories, [r.run_id for r in stale])
-    for run in runs:
-        if run.run_id in by_run:
-            table = by_run[run.run_id]
-            try:
-                store.write_partition(TRAINING_HISTORY, run.run_id, table)
-            except LakeError as e:
-                raise failure(e) from None
-            old = prev.get(run.run_id, {}).get("history_points") or 0
-            new_points += max(0, table.num_rows - old)
-            rows.append(_snapshot_row(run, run.status, table.num_rows, now))
-        else:
-            p = prev[run.run_id]
-            rows.append(_snapshot_row(run, p["history_status"], p["history_points"], p["synced_at"]))
-    snapshot = pa.Table.from_pylist(rows, schema=TRAINING_RUNS.schema)
-    store.write_partition(TRAINING_RUNS, SNAPSHOT, snapshot)
-    nan_runs = (
-        store.query(
-            "SELECT count(DISTINCT run_id) AS n FROM training_history WHERE key = 'actor/loss' AND NOT isfinite(value)"
-        )
-        .column("n")[0]
-        .as_py()
-    )
-    preview = snapshot.select(
-        ["run_name", "experiment", "status", "deleted", "pod", "history_points"]
-    ).to_pandas()
-    return dg.MaterializeResult(
-        metadata={
-            "dagster/row_count": dg.MetadataValue.int(len(runs)),
-            "runs_seen": dg.MetadataValue.int(len(runs)),
-            "histories_read": dg.MetadataValue.int(len(stale)),
-            "new_points": dg.MetadataValue.int(new_points),
-            "runs_with_nan_loss": dg.MetadataValue.int(nan_runs),
-            "running": dg.MetadataValue.int(sum(r.status == "RUNNING" for r in runs)),
-            "deleted": dg.MetadataValue.int(sum(r.deleted for r in runs)),
-            "preview": dg.MetadataValue.md(
-                preview.head(20).to_markdown(index=False) if len(preview) else "none"
-            ),
-        }
-    )
-
-
-def _split(histories: pa.Table, run_ids: list[str]) -> dict[str, pa.Table]:
-    """One table per run, empty ones included (a run that logged nothing has an empty history)."""
-    return {rid: histories.filter(pc.equal(histories.column("run_id"), rid)) for rid in run_ids}
+    yield from assetkit.results(assetkit.build(tables.training_runs, lake.lake(), mlflow.source()))
 
 
 @dg.asset(
@@ -131,31 +27,8 @@ def _split(histories: pa.Table, run_ids: list[str]) -> dict[str, pa.Table]:
     description="MLflow metric points by UTC day of their timestamp (NaN and ±Inf kept).",
 )
 def training_metrics(context: dg.AssetExecutionContext, lake: LakeResource):
-    store = lake.lake()
-    total, per_key = 0, {}
-    for day in days_of(context.partition_time_window):
-        end = day + timedelta(days=1)
-        table = store.query(
-            "SELECT run_id, key, step, ts, value FROM training_history WHERE ts >= ? AND ts < ? "
-            "ORDER BY run_id, key, step, ts",
-            [day, end],
-            tables=[TRAINING_HISTORY],
-        )
-        store.write_partition(TRAINING_METRICS, day.strftime("%Y-%m-%d"), table)
-        total += table.num_rows
-        for key, n in zip(*_value_counts(table)):
-            per_key[key] = per_key.get(key, 0) + n
-    return dg.MaterializeResult(
-        metadata={
-            "dagster/row_count": dg.MetadataValue.int(total),
-            "points_by_key": dg.MetadataValue.json(dict(sorted(per_key.items()))),
-        }
-    )
-
-
-def _value_counts(table: pa.Table):
-    counts = pc.value_counts(table.column("key")).to_pylist() if table.num_rows else []
-    return [c["values"] for c in counts], [c["counts"] for c in counts]
+    days = days_of(context.partition_time_window)
+    yield from assetkit.results(assetkit.build(tables.training_metrics, lake.lake(), days))
 
 
 @dg.asset(
@@ -168,36 +41,5 @@ def _value_counts(table: pa.Table):
     "rollout-vs-update bottleneck, accuracy outside 0.1–0.9, stalled RUNNING runs.",
 )
 def training_health(context: dg.AssetExecutionContext, lake: LakeResource):
-    store, thresholds = lake.lake(), load_thresholds()
-    snapshot = store.read_partition(TRAINING_RUNS, SNAPSHOT)
-    if snapshot is None:
-        raise dg.Failure(f"training_health: no training_runs snapshot in the lake at {store.root}")
-    runs = runs_frame(snapshot)
-    newest = runs["last_metric_time"].max() if len(runs) else None
-    flagged, total = {}, 0
-    for day in days_of(context.partition_time_window):
-        end = day + timedelta(days=1)
-        # "now" for stall detection: never past the day, nor past the newest metric anywhere
-        as_of = min(datetime.now(timezone.utc), end, newest if pd.notna(newest) else end)
-        history = store.query(
-            "SELECT run_id, key, step, ts, value FROM training_history WHERE ts < ?",
-            [end],
-            tables=[TRAINING_HISTORY],
-        ).to_pandas()
-        history["ts"] = history["ts"].dt.tz_convert("UTC") if len(history) else history["ts"]
-        table = build_training_health(runs, history, day.date(), as_of, thresholds)
-        store.write_partition(TRAINING_HEALTH, day.strftime("%Y-%m-%d"), table)
-        df = table.to_pandas()
-        total += len(df)
-        for flag in ("success_drop", "entropy_collapse", "stalled", "accuracy_out_of_band"):
-            flagged.setdefault(flag, []).extend(df.loc[df[flag], "run_name"].tolist())
-        flagged.setdefault("nan_loss", []).extend(df.loc[df["loss_nonfinite"] > 0, "run_name"].tolist())
-    return dg.MaterializeResult(
-        metadata={
-            "dagster/row_count": dg.MetadataValue.int(total),
-            **{
-                f"runs_{k}": dg.MetadataValue.text(", ".join(sorted(set(v))) or "none")
-                for k, v in flagged.items()
-            },
-        }
-    )
+    days = days_of(context.partition_time_window)
+    yield from assetkit.results(assetkit.build(tables.training_health, lake.lake(), days, load_thresholds()))

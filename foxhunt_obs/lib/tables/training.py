@@ -1,0 +1,171 @@
+"""The MLflow tables, one function each: training_runs (the run snapshot, reading only the histories that
+can have changed), training_metrics (points by UTC day) and training_health (per run and day)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from foxhunt_obs.lib.analysis.training_health import Thresholds, build_training_health, runs_frame
+from foxhunt_obs.lib.lake import Lake
+from foxhunt_obs.lib.schemas import TRAINING_HEALTH, TRAINING_HISTORY, TRAINING_METRICS, TRAINING_RUNS
+from foxhunt_obs.lib.sources.mlflow import MlflowRun, MlflowSource, MlflowSourceError
+from foxhunt_obs.lib.tables import Built, Markdown, MissingInput
+
+SNAPSHOT = "current"
+TERMINAL = {"FINISHED", "FAILED", "KILLED"}
+
+
+def _needs_history(run: MlflowRun, prev: dict | None, have_history: bool) -> bool:
+    """Read a run's histories when they can have changed: new, still running, or ended since the
+    last read (once more), or something newer was logged. A finished run read after it ended is done."""
+    if prev is None or not have_history:
+        return True
+    if prev["history_status"] not in TERMINAL:
+        return True
+    last = prev["last_metric_time"]
+    return run.last_metric_time is not None and (last is None or run.last_metric_time > last)
+
+
+def _snapshot_row(run: MlflowRun, history_status: str, points: int, synced_at: datetime) -> dict:
+    duration = (run.end_time - run.start_time).total_seconds() if run.start_time and run.end_time else None
+    return {
+        "run_id": run.run_id,
+        "experiment_id": run.experiment_id,
+        "mlflow_experiment": run.experiment_name,
+        "experiment": run.tags.get("experiment") or run.experiment_name,
+        "run_name": run.run_name,
+        "status": run.status,
+        "deleted": run.deleted,
+        "start_time": run.start_time,
+        "end_time": run.end_time,
+        "duration_seconds": duration,
+        "user": run.user,
+        "params": json.dumps(run.params, sort_keys=True),
+        "tags": json.dumps(run.tags, sort_keys=True),
+        "pod": run.tags.get("pod", ""),
+        "namespace": run.tags.get("namespace", ""),
+        "metric_keys": json.dumps(sorted(run.metric_keys)),
+        "last_metric_time": run.last_metric_time,
+        "history_status": history_status,
+        "history_points": points,
+        "synced_at": synced_at,
+    }
+
+
+class TrainingSourceError(MlflowSourceError):
+    """MLflow could not be read; the message says so for training_runs."""
+
+
+def training_runs(lake: Lake, source: MlflowSource) -> Built:
+    previous = lake.read_partition(TRAINING_RUNS, SNAPSHOT)
+    prev = {r["run_id"]: r for r in previous.to_pylist()} if previous is not None else {}
+    have = set(lake.partitions(TRAINING_HISTORY))
+    try:
+        runs = source.runs()
+        stale = [r for r in runs if _needs_history(r, prev.get(r.run_id), r.run_id in have)]
+        histories = source.histories(stale)
+    except MlflowSourceError as e:
+        raise TrainingSourceError(f"training_runs: {e}") from None
+    now = datetime.now(timezone.utc)
+    rows, new_points = [], 0
+    by_run = _split(histories, [r.run_id for r in stale])
+    for run in runs:
+        if run.run_id in by_run:
+            table = by_run[run.run_id]
+            lake.write_partition(TRAINING_HISTORY, run.run_id, table)
+            old = prev.get(run.run_id, {}).get("history_points") or 0
+            new_points += max(0, table.num_rows - old)
+            rows.append(_snapshot_row(run, run.status, table.num_rows, now))
+        else:
+            p = prev[run.run_id]
+            rows.append(_snapshot_row(run, p["history_status"], p["history_points"], p["synced_at"]))
+    snapshot = pa.Table.from_pylist(rows, schema=TRAINING_RUNS.schema)
+    lake.write_partition(TRAINING_RUNS, SNAPSHOT, snapshot)
+    nan_runs = (
+        lake.query(
+            "SELECT count(DISTINCT run_id) AS n FROM training_history WHERE key = 'actor/loss' AND NOT isfinite(value)"
+        )
+        .column("n")[0]
+        .as_py()
+    )
+    preview = snapshot.select(
+        ["run_name", "experiment", "status", "deleted", "pod", "history_points"]
+    ).to_pandas()
+    summary = {
+        "dagster/row_count": len(runs),
+        "runs_seen": len(runs),
+        "histories_read": len(stale),
+        "new_points": new_points,
+        "runs_with_nan_loss": int(nan_runs),
+        "running": sum(r.status == "RUNNING" for r in runs),
+        "deleted": sum(r.deleted for r in runs),
+        "preview": Markdown(preview.head(20).to_markdown(index=False) if len(preview) else "none"),
+    }
+    return Built({SNAPSHOT: snapshot}, summary)
+
+
+def _split(histories: pa.Table, run_ids: list[str]) -> dict[str, pa.Table]:
+    """One table per run, empty ones included (a run that logged nothing has an empty history)."""
+    return {rid: histories.filter(pc.equal(histories.column("run_id"), rid)) for rid in run_ids}
+
+
+def training_metrics(lake: Lake, days: Sequence[datetime]) -> Built:
+    tables, per_key = {}, {}
+    for day in days:
+        end = day + timedelta(days=1)
+        table = lake.query(
+            "SELECT run_id, key, step, ts, value FROM training_history WHERE ts >= ? AND ts < ? "
+            "ORDER BY run_id, key, step, ts",
+            [day, end],
+            tables=[TRAINING_HISTORY],
+        )
+        lake.write_partition(TRAINING_METRICS, TRAINING_METRICS.key(day), table)
+        tables[TRAINING_METRICS.key(day)] = table
+        for key, n in zip(*_value_counts(table)):
+            per_key[key] = per_key.get(key, 0) + n
+    built = Built(tables, {})
+    built.summary = {"dagster/row_count": built.rows, "points_by_key": dict(sorted(per_key.items()))}
+    return built
+
+
+def _value_counts(table: pa.Table):
+    counts = pc.value_counts(table.column("key")).to_pylist() if table.num_rows else []
+    return [c["values"] for c in counts], [c["counts"] for c in counts]
+
+
+def training_health(lake: Lake, days: Sequence[datetime], thresholds: Thresholds) -> Built:
+    snapshot = lake.read_partition(TRAINING_RUNS, SNAPSHOT)
+    if snapshot is None:
+        raise MissingInput(f"training_health: no training_runs snapshot in the lake at {lake.root}")
+    runs = runs_frame(snapshot)
+    newest = runs["last_metric_time"].max() if len(runs) else None
+    flagged, tables = {}, {}
+    for day in days:
+        end = day + timedelta(days=1)
+        # "now" for stall detection: never past the day, nor past the newest metric anywhere
+        as_of = min(datetime.now(timezone.utc), end, newest if pd.notna(newest) else end)
+        history = lake.query(
+            "SELECT run_id, key, step, ts, value FROM training_history WHERE ts < ?",
+            [end],
+            tables=[TRAINING_HISTORY],
+        ).to_pandas()
+        history["ts"] = history["ts"].dt.tz_convert("UTC") if len(history) else history["ts"]
+        table = build_training_health(runs, history, day.date(), as_of, thresholds)
+        lake.write_partition(TRAINING_HEALTH, TRAINING_HEALTH.key(day), table)
+        tables[TRAINING_HEALTH.key(day)] = table
+        df = table.to_pandas()
+        for flag in ("success_drop", "entropy_collapse", "stalled", "accuracy_out_of_band"):
+            flagged.setdefault(flag, []).extend(df.loc[df[flag], "run_name"].tolist())
+        flagged.setdefault("nan_loss", []).extend(df.loc[df["loss_nonfinite"] > 0, "run_name"].tolist())
+    built = Built(tables, {})
+    built.summary = {
+        "dagster/row_count": built.rows,
+        **{f"runs_{k}": ", ".join(sorted(set(v))) or "none" for k, v in flagged.items()},
+    }
+    return built
