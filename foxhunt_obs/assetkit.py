@@ -13,6 +13,9 @@ from foxhunt_obs.lib.analysis.gpu_series import IngestError
 from foxhunt_obs.lib.analysis.mig import MigError
 from foxhunt_obs.lib.analysis.prices import PriceError
 from foxhunt_obs.lib.lake import LakeError
+from foxhunt_obs.lib.sources.budgets import BudgetsError
+from foxhunt_obs.lib.sources.cost_explorer import CostExplorerError
+from foxhunt_obs.lib.sources.cur import CurError
 from foxhunt_obs.lib.sources.fsx import FsxSourceError
 from foxhunt_obs.lib.sources.mlflow import MlflowSourceError
 from foxhunt_obs.lib.sources.prometheus import PrometheusError
@@ -30,6 +33,9 @@ EXPECTED_ERRORS = (
     FewerRows,
     FsxSourceError,
     MlflowSourceError,
+    CurError,
+    CostExplorerError,
+    BudgetsError,
 )
 
 
