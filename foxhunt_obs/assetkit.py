@@ -4,9 +4,11 @@ materialization and check results, and its lake or source error as a failed step
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterator
 
 import dagster as dg
+import numpy as np
 
 from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.lib.analysis.gpu_series import IngestError
@@ -46,11 +48,12 @@ def metadata_value(value: object) -> dg.MetadataValue:
         return dg.MetadataValue.path(value)
     if isinstance(value, (dict, list)):
         return dg.MetadataValue.json(value)
-    if isinstance(value, bool):
-        return dg.MetadataValue.bool(value)
-    if isinstance(value, int):
-        return dg.MetadataValue.int(value)
-    if isinstance(value, float):
+    if isinstance(value, (bool, np.bool_)):  # numpy's bool is no bool
+        return dg.MetadataValue.bool(bool(value))
+    if isinstance(value, numbers.Integral):  # numpy's integers too
+        return dg.MetadataValue.int(int(value))
+    if isinstance(value, numbers.Real):
+        value = float(value)
         return dg.MetadataValue.float(value if math.isfinite(value) else math.nan)
     return dg.MetadataValue.text(str(value))
 
