@@ -105,7 +105,6 @@ def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
     import pyarrow as pa
 
     from foxhunt_obs.lib.analysis.cost_estimate import StorageCapacity, estimate_day, node_hours
-    from foxhunt_obs.lib.analysis.gpu_hourly import hour_key
     from foxhunt_obs.lib.analysis.prices import load_price_table
     from foxhunt_obs.lib.lake import Lake
     from foxhunt_obs.lib.schemas import COSTS_DAILY, COSTS_HOURLY, GPU_SAMPLES, NODE_SAMPLES
@@ -270,7 +269,7 @@ def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
             },
             schema=GPU_SAMPLES.schema,
         )
-        lake.write_partition(GPU_SAMPLES, hour_key(hour), table)
+        lake.write_partition(GPU_SAMPLES, GPU_SAMPLES.key(hour), table)
         rows += n_rows
 
         busy = util.reshape(nodes_n, GPUS_PER_NODE, -1).mean(axis=1)  # (nodes, steps)
@@ -297,7 +296,7 @@ def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
             },
             schema=NODE_SAMPLES.schema,
         )
-        lake.write_partition(NODE_SAMPLES, hour_key(hour), node_table)
+        lake.write_partition(NODE_SAMPLES, NODE_SAMPLES.key(hour), node_table)
 
     # The bill: CUR 2.0 lines per resource-hour, tags normalised as the CUR source writes them.
     def tags(**kw) -> str:
@@ -741,7 +740,9 @@ def main() -> None:
                         skipped = f"needs ~{need / 1024:.1f} GB (scaled from 64 GPUs), {mem_available_mb() / 1024:.1f} GB free: not run"
                 for _ in range(PANDAS_RUNS[gpus] if skipped is None else 0):
                     shutil.rmtree(pandas_dir, ignore_errors=True)
-                    r = child(["--method", "pandas", "--lake", lake_dir, "--out", pandas_dir], PANDAS_TIMEOUT_S)
+                    r = child(
+                        ["--method", "pandas", "--lake", lake_dir, "--out", pandas_dir], PANDAS_TIMEOUT_S
+                    )
                     if r is None:
                         skipped = f"a run took over {PANDAS_TIMEOUT_S} s: not measured"
                         break
@@ -791,13 +792,20 @@ def main() -> None:
                     "pandas_over_ours_gpu_hourly_cpu_seconds": round(
                         p_cpu / ours["stages_cpu_s_median"]["gpu_hourly"], 2
                     ),
-                    "pandas_gpu_hourly_over_ours_whole_report_peak_rss": round(p_rss / ours["peak_rss_mb"], 2),
+                    "pandas_gpu_hourly_over_ours_whole_report_peak_rss": round(
+                        p_rss / ours["peak_rss_mb"], 2
+                    ),
                 }
                 if per_row_mb is None:
-                    per_row_mb = (p_rss - pandas_runs[0]["rss_mb_after_imports"]) / pandas_runs[0]["rows_read"]
+                    per_row_mb = (p_rss - pandas_runs[0]["rss_mb_after_imports"]) / pandas_runs[0][
+                        "rows_read"
+                    ]
             else:
                 entry["pandas_gpu_hourly"] = {"skipped": skipped}
-            entry["load_average_1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
+            entry["load_average_1m"] = {
+                "before": round(load_before, 2),
+                "after": round(os.getloadavg()[0], 2),
+            }
             result["sizes"][str(gpus)] = entry
 
     finally:

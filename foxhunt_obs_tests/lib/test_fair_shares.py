@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from foxhunt_obs.lib.analysis.allocation import build_outcome_per_dollar
-from foxhunt_obs.lib.analysis.gpu_series import _time_slices
+from foxhunt_obs.lib.analysis.gpu_series import time_slices
 from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import (
@@ -139,7 +139,7 @@ def test_time_slices_split_a_step_over_the_pods_present():
     step = np.array([0, 0, 0, 1, 2, 0])
     held = np.array([True, True, False, True, False, False])
     util = pa.array([0.2, 0.9, 0.7, 0.5, 0.1, None], pa.float64())
-    share, u = _time_slices(device, step, held, util)
+    share, u = time_slices(device, step, held, util)
     assert share.to_pylist() == [0.5, 0.5, 0.0, 1.0, 1.0, 1.0]
     # beside the device row, each pod's activity is the device's (per-process util moves no dollars)
     assert u.to_pylist() == [0.7, 0.7, 0.7, 0.5, 0.1, None]

@@ -41,6 +41,17 @@ class IngestConfig(dg.Config):
     allow_fewer_rows: bool = False
 
 
+def _ingest(table_fn, context, config: IngestConfig, lake: LakeResource, prometheus: PrometheusResource):
+    """A Prometheus ingest table over the run's hours, its log lines into the run's log."""
+    hours = hours_of(context.partition_time_window)
+    built = assetkit.build(
+        table_fn, lake.lake(), prometheus.client(), load_catalog(), Settings.from_env(), hours,
+        allow_fewer_rows=config.allow_fewer_rows,
+    )  # fmt: skip
+    assetkit.log(context, built)
+    yield from assetkit.results(built)
+
+
 @dg.asset(
     partitions_def=HOURLY,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=24),
@@ -55,17 +66,7 @@ def gpu_samples(
     lake: LakeResource,
     prometheus: PrometheusResource,
 ):
-    built = assetkit.build(
-        gpu_tables.gpu_samples,
-        lake.lake(),
-        prometheus.client(),
-        load_catalog(),
-        Settings.from_env(),
-        hours_of(context.partition_time_window),
-        allow_fewer_rows=config.allow_fewer_rows,
-    )
-    assetkit.log(context, built)
-    yield from assetkit.results(built)
+    yield from _ingest(gpu_tables.gpu_samples, context, config, lake, prometheus)
 
 
 @dg.asset(
@@ -82,16 +83,7 @@ def node_samples(
     lake: LakeResource,
     prometheus: PrometheusResource,
 ):
-    built = assetkit.build(
-        gpu_tables.node_samples,
-        lake.lake(),
-        prometheus.client(),
-        load_catalog(),
-        Settings.from_env(),
-        hours_of(context.partition_time_window),
-        allow_fewer_rows=config.allow_fewer_rows,
-    )
-    yield from assetkit.results(built)
+    yield from _ingest(gpu_tables.node_samples, context, config, lake, prometheus)
 
 
 @dg.asset(

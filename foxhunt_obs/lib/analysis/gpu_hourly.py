@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 import duckdb
 import pyarrow as pa
 
-from foxhunt_obs.lib.schemas import GPU_HOURLY
+from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES
 
 _SQL = """
 WITH s AS (
@@ -121,17 +121,12 @@ ORDER BY hour_no, node, gpu, uuid, gpu_instance NULLS FIRST, pod = '', namespace
 """
 
 
-def hour_key(t: datetime) -> str:
-    """The lake's hour partition value: 2026-11-29T13."""
-    return t.strftime("%Y-%m-%dT%H")
-
-
 def build_gpu_hourly(con: duckdb.DuckDBPyConnection, day_start: datetime) -> pa.Table:
     """gpu_hourly rows for the UTC day starting at day_start, from a lake connection's gpu_samples view."""
     day_end = day_start + timedelta(days=1)
     params = {
-        "seed_hour": hour_key(day_start - timedelta(hours=1)),
-        "end_hour": hour_key(day_end),
+        "seed_hour": GPU_SAMPLES.key(day_start - timedelta(hours=1)),
+        "end_hour": GPU_SAMPLES.key(day_end),
         "day_start": day_start,
         "day_end": day_end,
     }

@@ -237,8 +237,9 @@ class _Grid:
         for j, name in enumerate(("model", "namespace", "pod", "container")):
             cols[name] = _labels(label_rows, [n[j] for n in names])
         cols["experiment"] = _labels(label_rows, _experiments_of(names, experiments))
-        run_of = _experiments_of(names, run_ids, default="", namespace_fallback=False) if run_ids else None
-        cols["run_id"] = _labels(label_rows, run_of or [""] * len(names))
+        no_runs = [""] * len(names)
+        run_of = no_runs if run_ids is None else _experiments_of(names, run_ids, "", namespace_fallback=False)
+        cols["run_id"] = _labels(label_rows, run_of)
         for m in catalog.gpu_metrics:
             if m.column in fetched:
                 cols[m.column] = pa.array(values[m.column][g, k], mask=~present[m.column][g, k])
@@ -265,7 +266,7 @@ class _Grid:
         held = np.array([bool(n[2]) for n in names], bool)[label_rows] if names else np.zeros(len(k), bool)
         devices: dict[tuple, int] = {}  # a GPU or slice, whatever copies (vgpu) of its series there are
         device = np.array([devices.setdefault(key[:4], len(devices)) for key in keys])
-        cols["step_share"], util = _time_slices(device[gpu_rows], k, held, cols["util"])
+        cols["step_share"], util = time_slices(device[gpu_rows], k, held, cols["util"])
         cols["util"] = util
         table = pa.table(cols)
         return table.select(GPU_SAMPLES.schema.names).cast(GPU_SAMPLES.schema)
@@ -315,7 +316,7 @@ def _experiments_of(
     return out
 
 
-def _time_slices(
+def time_slices(
     device: np.ndarray, step: np.ndarray, held: np.ndarray, util: pa.Array
 ) -> tuple[pa.Array, pa.Array]:
     """Each row's share of its step, and util as the split counts it. A time-sliced GPU (several pods'

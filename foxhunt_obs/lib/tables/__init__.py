@@ -43,10 +43,19 @@ class Built:
 
     @property
     def rows(self) -> int:
-        return sum(t.num_rows for t in self.partitions.values())
+        return row_count(self.partitions)
 
     def frame(self) -> pd.DataFrame:
-        return pa.concat_tables(self.partitions.values()).to_pandas()
+        return frame(self.partitions)
+
+
+def frame(tables: dict[str, pa.Table]) -> pd.DataFrame:
+    """The partitions a run wrote, as one frame."""
+    return pa.concat_tables(tables.values()).to_pandas()
+
+
+def row_count(tables: dict[str, pa.Table]) -> int:
+    return sum(t.num_rows for t in tables.values())
 
 
 def md_table(df: pd.DataFrame, empty: str = "none", floatfmt: str | None = ".2f") -> Markdown:

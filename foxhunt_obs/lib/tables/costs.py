@@ -27,7 +27,7 @@ from foxhunt_obs.lib.sources.budgets import BudgetsSource, account_id, forecast_
 from foxhunt_obs.lib.sources.cost_explorer import CostExplorerSource
 from foxhunt_obs.lib.sources.cur import CurSource
 from foxhunt_obs.lib.sources.fsx import FsxSource
-from foxhunt_obs.lib.tables import Built, Check, Markdown
+from foxhunt_obs.lib.tables import Built, Check, Markdown, md_table, row_count
 
 CE_USD_PER_CALL = 0.01  # Cost Explorer's API price per request
 
@@ -42,8 +42,7 @@ GROUP BY ALL ORDER BY project, environment, experiment, service, resource_id
 
 
 def _md(con: duckdb.DuckDBPyConnection, sql: str) -> Markdown:
-    df = con.execute(sql).fetch_df()
-    return Markdown(df.to_markdown(index=False) if len(df) else "none")
+    return md_table(con.execute(sql).fetch_df(), floatfmt=None)
 
 
 def costs_hourly(
@@ -219,10 +218,9 @@ def budgets(
     for col in ("limit_usd", "actual_usd", "forecast_usd"):
         last[col] = last[col].round(2)
     view = last[["source", "budget_name", "time_unit", "limit_usd", "actual_usd", "forecast_usd"]]
-    built = Built(tables, {})
-    built.summary = {
-        "dagster/row_count": built.rows,
-        "budgets": Markdown(view.to_markdown(index=False) if len(view) else "none"),
+    summary = {
+        "dagster/row_count": row_count(tables),
+        "budgets": md_table(view, floatfmt=None),
         "synced_at": synced_at.isoformat(),
     }
-    return built
+    return Built(tables, summary)

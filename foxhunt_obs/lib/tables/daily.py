@@ -33,7 +33,7 @@ from foxhunt_obs.lib.schemas import (
     UTILIZATION_PER_DOLLAR,
     TableSpec,
 )
-from foxhunt_obs.lib.tables import Built, Check, Markdown, md_table
+from foxhunt_obs.lib.tables import Built, Check, frame, md_table, row_count
 
 BILL_TOLERANCE = 0.001  # allocations sum to the day's bill within 0.1 %
 
@@ -90,7 +90,7 @@ def gpu_hourly(lake: Lake, days: Sequence[datetime]) -> Built:
             # GPU-hours with no util reported: unknown activity, never idle (check core_columns_reported)
             "unknown_activity_gpu_hours": round(float(t.unknown), 3),
             "mig_slices": int(t.slices),
-            "by_experiment": md_table(per_exp, empty="empty", floatfmt=None) if rows else Markdown("empty"),
+            "by_experiment": md_table(per_exp, empty="empty", floatfmt=None),
         },
     )
 
@@ -131,13 +131,16 @@ def cost_allocation(lake: Lake, days: Sequence[datetime], prices: PriceTable) ->
         total = row.allocated_usd + row.unallocated_usd
         if bill is None or abs(total - bill) > BILL_TOLERANCE * max(abs(bill), 1e-9):
             mismatches.append(f"{row.day}: allocated {total:.4f} vs bill ({source}) {bill}")
-    built = Built(tables, {"by_day": md_table(per_day), "by_experiment": md_table(by_experiment)})
-    built.summary = {"dagster/row_count": built.rows, **built.summary}
-    built.checks.append(
-        Check("sums_to_the_bill", not mismatches, {"mismatches": "\n".join(mismatches) or "none"})
+    return Built(
+        tables,
+        {
+            "dagster/row_count": row_count(tables),
+            "by_day": md_table(per_day),
+            "by_experiment": md_table(by_experiment),
+        },
+        [Check("sums_to_the_bill", not mismatches, {"mismatches": "\n".join(mismatches) or "none"})],
+        extra={"bills": bills},  # the day's bill the check compared with
     )
-    built.extra["bills"] = bills  # the day's bill the check compared with
-    return built
 
 
 def utilization_per_dollar(lake: Lake, days: Sequence[datetime]) -> Built:
@@ -148,8 +151,7 @@ def utilization_per_dollar(lake: Lake, days: Sequence[datetime]) -> Built:
         UTILIZATION_PER_DOLLAR,
         lambda con, d: build_utilization_per_dollar(con, d.date()),
     )
-    built = Built(tables, {})
-    df = built.frame()
+    df = frame(tables)
     total, active = df.allocated_usd.sum(), df.active_gpu_hours.sum()
     held = df[df.experiment != CLUSTER_IDLE]
     # NaN where no GPU reported SM activity: unknown, not 0 (the cluster row's unheld $ make no basis)
@@ -158,7 +160,7 @@ def utilization_per_dollar(lake: Lake, days: Sequence[datetime]) -> Built:
         "day", "experiment", "gpu_hours", "active_gpu_hours", "allocated_usd", "idle_usd",
         "active_gpu_hours_per_usd", "sm_active_gpu_hours_per_usd", "usd_per_active_gpu_hour", "cost_source",
     ]  # fmt: skip
-    built.summary = {
+    summary = {
         "dagster/row_count": len(df),
         "allocated_usd": round(float(total), 2),
         "idle_usd": round(float(df.idle_usd.sum()), 2),
@@ -168,7 +170,7 @@ def utilization_per_dollar(lake: Lake, days: Sequence[datetime]) -> Built:
         ),
         "table": md_table(df[columns]),
     }
-    return built
+    return Built(tables, summary)
 
 
 def outcome_per_dollar(lake: Lake, days: Sequence[datetime]) -> Built:
@@ -176,8 +178,7 @@ def outcome_per_dollar(lake: Lake, days: Sequence[datetime]) -> Built:
     tables = _per_day(
         lake, days, reads, OUTCOME_PER_DOLLAR, lambda con, d: build_outcome_per_dollar(con, d.date())
     )
-    built = Built(tables, {})
-    df = built.frame()
+    df = frame(tables)
     view = df[
         [
             "day",
@@ -190,9 +191,9 @@ def outcome_per_dollar(lake: Lake, days: Sequence[datetime]) -> Built:
             "charged_by",
         ]
     ]
-    built.summary = {
+    summary = {
         "dagster/row_count": len(df),
         "runs": md_table(view),
         "runs_without_known_gpu": int(df.usd.isna().sum()),
     }
-    return built
+    return Built(tables, summary)

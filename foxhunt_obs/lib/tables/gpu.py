@@ -20,7 +20,7 @@ from foxhunt_obs.lib.lake import Lake, shrink_reason
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES, TableSpec
 from foxhunt_obs.lib.settings import Settings
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput
+from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput, md_table
 
 
 class FewerRows(ValueError):
@@ -119,8 +119,8 @@ def _gpu_summary(tables: dict[str, pa.Table], root: str) -> dict:
         "time_range": f"{t0} .. {t1}" if rows else "empty",
         "gpus": int(gpus),
         "nodes": int(nodes),
-        "experiments": Markdown(per_exp.to_markdown(index=False) if rows else "none"),
-        "preview": Markdown(preview.to_markdown(index=False) if rows else "empty"),
+        "experiments": md_table(per_exp, floatfmt=None),
+        "preview": md_table(preview, empty="empty", floatfmt=None),
         "lake": LakePath(f"{root}/{GPU_SAMPLES.name}"),
     }
 
@@ -216,6 +216,6 @@ def node_samples(
         "partitions": ", ".join(tables),
         "time_range": f"{t0} .. {t1}" if rows else "empty",
         "rows_without_gpus": int(down),
-        "nodes": Markdown(per_node.to_markdown(index=False) if rows else "none"),
+        "nodes": md_table(per_node, floatfmt=None),
     }
     return Built(tables, summary)

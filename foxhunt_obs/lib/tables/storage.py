@@ -12,7 +12,7 @@ import pyarrow as pa
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import FSX_METRICS
 from foxhunt_obs.lib.sources.fsx import FsxSource
-from foxhunt_obs.lib.tables import Built, Markdown
+from foxhunt_obs.lib.tables import Built, md_table
 
 
 def fsx_metrics(lake: Lake, source: FsxSource, hours: Sequence[datetime], fsx_ids: list[str] | None) -> Built:
@@ -45,7 +45,7 @@ def fsx_metrics(lake: Lake, source: FsxSource, hours: Sequence[datetime], fsx_id
     summary = {
         "dagster/row_count": int(rows),
         "partitions": ", ".join(tables),
-        "file_systems": Markdown(per_fs.to_markdown(index=False) if rows else "none"),
+        "file_systems": md_table(per_fs, floatfmt=None),
         "aws_calls": int(source.calls),
     }
     return Built(tables, summary, extra={"log": log})

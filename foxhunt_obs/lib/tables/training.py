@@ -15,7 +15,7 @@ from foxhunt_obs.lib.analysis.training_health import Thresholds, build_training_
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import TRAINING_HEALTH, TRAINING_HISTORY, TRAINING_METRICS, TRAINING_RUNS
 from foxhunt_obs.lib.sources.mlflow import MlflowRun, MlflowSource, MlflowSourceError
-from foxhunt_obs.lib.tables import Built, Markdown, MissingInput
+from foxhunt_obs.lib.tables import Built, MissingInput, md_table, row_count
 
 SNAPSHOT = "current"
 TERMINAL = {"FINISHED", "FAILED", "KILLED"}
@@ -58,10 +58,6 @@ def _snapshot_row(run: MlflowRun, history_status: str, points: int, synced_at: d
     }
 
 
-class TrainingSourceError(MlflowSourceError):
-    """MLflow could not be read; the message says so for training_runs."""
-
-
 def training_runs(lake: Lake, source: MlflowSource) -> Built:
     previous = lake.read_partition(TRAINING_RUNS, SNAPSHOT)
     prev = {r["run_id"]: r for r in previous.to_pylist()} if previous is not None else {}
@@ -71,7 +67,7 @@ def training_runs(lake: Lake, source: MlflowSource) -> Built:
         stale = [r for r in runs if _needs_history(r, prev.get(r.run_id), r.run_id in have)]
         histories = source.histories(stale)
     except MlflowSourceError as e:
-        raise TrainingSourceError(f"training_runs: {e}") from None
+        raise MlflowSourceError(f"training_runs: {e}") from None
     now = datetime.now(timezone.utc)
     rows, new_points = [], 0
     by_run = _split(histories, [r.run_id for r in stale])
@@ -105,7 +101,7 @@ def training_runs(lake: Lake, source: MlflowSource) -> Built:
         "runs_with_nan_loss": int(nan_runs),
         "running": sum(r.status == "RUNNING" for r in runs),
         "deleted": sum(r.deleted for r in runs),
-        "preview": Markdown(preview.head(20).to_markdown(index=False) if len(preview) else "none"),
+        "preview": md_table(preview.head(20), floatfmt=None),
     }
     return Built({SNAPSHOT: snapshot}, summary)
 
@@ -129,9 +125,9 @@ def training_metrics(lake: Lake, days: Sequence[datetime]) -> Built:
         tables[TRAINING_METRICS.key(day)] = table
         for key, n in zip(*_value_counts(table)):
             per_key[key] = per_key.get(key, 0) + n
-    built = Built(tables, {})
-    built.summary = {"dagster/row_count": built.rows, "points_by_key": dict(sorted(per_key.items()))}
-    return built
+    return Built(
+        tables, {"dagster/row_count": row_count(tables), "points_by_key": dict(sorted(per_key.items()))}
+    )
 
 
 def _value_counts(table: pa.Table):
@@ -163,9 +159,8 @@ def training_health(lake: Lake, days: Sequence[datetime], thresholds: Thresholds
         for flag in ("success_drop", "entropy_collapse", "stalled", "accuracy_out_of_band"):
             flagged.setdefault(flag, []).extend(df.loc[df[flag], "run_name"].tolist())
         flagged.setdefault("nan_loss", []).extend(df.loc[df["loss_nonfinite"] > 0, "run_name"].tolist())
-    built = Built(tables, {})
-    built.summary = {
-        "dagster/row_count": built.rows,
+    summary = {
+        "dagster/row_count": row_count(tables),
         **{f"runs_{k}": ", ".join(sorted(set(v))) or "none" for k, v in flagged.items()},
     }
-    return built
+    return Built(tables, summary)

@@ -47,5 +47,4 @@ def weekly_cost_report(lake: Lake, week_start: date, slack_client: Callable | No
     summary["delivered_to"] = ", ".join(sent) or "no sink configured"
     check = Check("delivered", not failures, {"sent": ", ".join(sent) or "none",
                                                "failures": "\n".join(failures.values()) or "none"})  # fmt: skip
-    built = Built({}, summary, [check], extra={"delivery_error": error, "report": report})
-    return built
+    return Built({}, summary, [check], extra={"delivery_error": error, "report": report})
