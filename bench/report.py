@@ -485,11 +485,12 @@ def run_ours(root: str) -> dict:
             }
 
     # weekly_cost_report: the asset's function (it imports matplotlib lazily, so it pays for it here)
+    from foxhunt_obs.lib.delivery.send import ReportDelivery
     from foxhunt_obs.lib.tables.weekly import weekly_cost_report
 
     st = "weekly_cost_report"
     t0, c0 = time.perf_counter(), cpu_s()
-    built = weekly_cost_report(store, WEEK_START.date())  # no sink configured: nothing is sent
+    built = weekly_cost_report(store, WEEK_START.date(), "util", ReportDelivery())  # no sink: nothing sent
     stage_s[st], stage_cpu[st], rss_after[st] = time.perf_counter() - t0, cpu_s() - c0, rss_mb()
     report = built.extra["report"]
     out[st] = {

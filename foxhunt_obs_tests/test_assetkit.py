@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from foxhunt_obs import assetkit
+from foxhunt_obs.lib.delivery.send import ReportDelivery
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput
 from foxhunt_obs.lib.tables.weekly import weekly_cost_report
@@ -47,6 +48,6 @@ def test_a_built_is_the_assets_metadata_then_its_checks():
 def test_a_week_with_no_tables_fails_saying_what_to_run(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     with pytest.raises(MissingInput, match="week=2026-11-16: no utilization_per_dollar rows"):
-        weekly_cost_report(lake, date(2026, 11, 16))
+        weekly_cost_report(lake, date(2026, 11, 16), "util", ReportDelivery())
     with pytest.raises(dg.Failure, match="materialize the week's cost_allocation and utilization_per_dollar"):
-        assetkit.build(weekly_cost_report, lake, date(2026, 11, 16))
+        assetkit.build(weekly_cost_report, lake, date(2026, 11, 16), "util", ReportDelivery())

@@ -12,3 +12,15 @@ def test_every_setting_is_in_the_readme_configuration_table():
 
 def test_readme_shows_the_two_commands():
     assert "make demo" in README and "make test" in README
+
+
+def test_the_configuration_table_names_each_settings_resource_field():
+    from foxhunt_obs.defs.resources import RESOURCES, bound_settings
+
+    fields: dict[str, set[str]] = {}
+    for key, cls in RESOURCES.items():
+        for field, name in bound_settings(cls).items():
+            fields.setdefault(name, set()).add(f"`{key}.{field}`")
+    rows = [ln.split(" | ") for ln in README.splitlines() if ln.startswith("| `")]
+    shown = {row[0].strip("| `"): set(row[1].split(", ")) for row in rows if row[0].strip("| `") in fields}
+    assert shown == fields

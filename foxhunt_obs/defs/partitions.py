@@ -1,12 +1,16 @@
-"""Time partitions shared by the assets (UTC; the first partition is FOXHUNT_PARTITIONS_START)."""
+"""Time partitions shared by the assets (UTC; the first partition is FOXHUNT_PARTITIONS_START).
+
+Partition definitions are built when Dagster loads the code location, before any resource exists, so
+FOXHUNT_PARTITIONS_START is the one setting read here rather than through a resource."""
 
 from datetime import datetime, timedelta
 
 import dagster as dg
 
-from foxhunt_obs.lib.settings import partitions_start, positive_number
+from foxhunt_obs.lib.settings import env, partitions_start
 
-_START = partitions_start().strftime("%Y-%m-%d-%H:%M")
+FIRST = partitions_start(env("FOXHUNT_PARTITIONS_START"))
+_START = FIRST.strftime("%Y-%m-%d-%H:%M")
 HOURLY = dg.HourlyPartitionsDefinition(start_date=_START, timezone="UTC")
 DAILY = dg.DailyPartitionsDefinition(start_date=_START[:10], timezone="UTC")
 # Weeks start Monday 00:00 UTC (day_offset=1); the first is the first Monday on or after the start.
@@ -32,7 +36,7 @@ def days_of(window: dg.TimeWindow) -> list[datetime]:
 
 def range_request(first, last, why: str) -> list[dg.RunRequest]:
     """One run over the days first..last (clipped to the first partition; none when empty)."""
-    first = max(first, partitions_start().date())
+    first = max(first, FIRST.date())
     if first > last:
         return []
     a, b = first.strftime("%Y-%m-%d"), last.strftime("%Y-%m-%d")
@@ -40,8 +44,7 @@ def range_request(first, last, why: str) -> list[dg.RunRequest]:
     return [dg.RunRequest(run_key=f"{why}-{a}-{b}", tags=tags)]
 
 
-def trailing_days(today) -> tuple:
-    """The FOXHUNT_CE_RESTATE_DAYS days up to yesterday: what Cost Explorer may still restate."""
+def trailing_days(today, days: int) -> tuple:
+    """The `days` days up to yesterday (FOXHUNT_CE_RESTATE_DAYS): what Cost Explorer may still restate."""
     yesterday = today - timedelta(days=1)
-    days = int(positive_number("FOXHUNT_CE_RESTATE_DAYS", integer=True))
     return yesterday - timedelta(days=days - 1), yesterday

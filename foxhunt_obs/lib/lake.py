@@ -58,7 +58,11 @@ class WriteResult:
 
 
 class Lake:
-    def __init__(self, root: str):
+    """A lake at ``root``. On S3, ``region`` and ``endpoint_url`` (a moto server, a VPC endpoint) are the
+    bucket's; None leaves them to boto3's and pyarrow's own defaults."""
+
+    def __init__(self, root: str, region: str | None = None, endpoint_url: str | None = None):
+        self.region, self.endpoint_url = region or "us-east-1", endpoint_url or None
         root = str(root)
         self.is_s3 = root.startswith("s3://")
         self.root = "s3://" + root[5:].strip("/") if self.is_s3 else os.path.abspath(root)
@@ -69,17 +73,12 @@ class Lake:
         return f"Lake({self.root!r})"
 
     # -- paths and filesystem -------------------------------------------------------------------------
-    def _s3_settings(self) -> tuple[str | None, str]:
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        return endpoint, region
-
     @cached_property
     def fs(self) -> pafs.FileSystem:
-        """pyarrow filesystem for reads and listings, built on first use (S3 settings from the environment)."""
+        """pyarrow filesystem for reads and listings, built on first use."""
         if not self.is_s3:
             return pafs.LocalFileSystem()
-        endpoint, region = self._s3_settings()
+        endpoint, region = self.endpoint_url, self.region
         kwargs: dict = {"region": region}
         if endpoint:
             scheme, _, host = endpoint.rpartition("://")
@@ -93,7 +92,7 @@ class Lake:
         import boto3
         from botocore.config import Config
 
-        endpoint, region = self._s3_settings()
+        endpoint, region = self.endpoint_url, self.region
         config = Config(**S3_TIMEOUTS, retries={"max_attempts": 3, "mode": "standard"})
         return boto3.client("s3", endpoint_url=endpoint, region_name=region, config=config)
 

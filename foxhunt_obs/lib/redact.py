@@ -77,9 +77,19 @@ def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
     )
 
 
+_REMEMBERED: set[str] = set()
+
+
+def remember(*secrets: str) -> None:
+    """Scrub these too: a secret handed to a client directly (a resource field given a value, not a
+    variable) is masked like one the environment holds."""
+    _REMEMBERED.update(s for s in secrets if s and len(s) >= 4)
+
+
 def configured_secrets() -> list[str]:
-    """Every secret the environment configures: the secret settings and the passwords inside URL settings."""
-    found = [os.environ.get(v, "") for v in SECRET_SETTINGS]
+    """Every secret configured: the secret settings and the passwords inside URL settings in the
+    environment, and the secrets handed to clients (`remember`)."""
+    found = [os.environ.get(v, "") for v in SECRET_SETTINGS] + sorted(_REMEMBERED)
     for var in URL_SETTINGS:
         try:
             parts = urlsplit(os.environ.get(var, ""))

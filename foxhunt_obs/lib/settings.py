@@ -1,8 +1,10 @@
-"""Every setting foxhunt_obs reads from the environment, with its default and meaning.
+"""Every setting foxhunt_obs has, with its environment variable, default and meaning: the one registry.
 
-Read when a run, sensor tick or command starts (`Settings.from_env()`), never at import time.
-The README's configuration table is checked against `SETTINGS` by a test, so a new variable must be
-documented to land.
+Each setting is a field of a Dagster resource (defs/resources.py), which takes it from its variable
+(`dg.EnvVar`, so the UI's Resources page shows the configuration and never a secret's value); lib/ code
+is handed the values and never reads the environment. The parsers below check a value and name the
+variable in their error. The README's configuration table is checked against `SETTINGS` by a test, so a
+new variable must be documented to land.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class Setting:
     env: str
     default: str
     meaning: str
+    secret: bool = False  # never shown: the resource field holds the variable's name, not its value
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -56,10 +59,23 @@ SETTINGS: tuple[Setting, ...] = (
         "FOXHUNT_PROMETHEUS_TIMEOUT", "120", "Seconds one Prometheus request may take in all (not per read)"
     ),
     Setting("FOXHUNT_PROMETHEUS_MAX_POINTS", "11000", "Most points per series in one query_range request"),
-    Setting("FOXHUNT_PROMETHEUS_BEARER_TOKEN", "", "Bearer token for Prometheus (never logged)"),
+    Setting("FOXHUNT_PROMETHEUS_BEARER_TOKEN", "", "Bearer token for Prometheus (never logged)", secret=True),
     Setting(
         "MLFLOW_TRACKING_URI", "http://127.0.0.1:15000", "MLflow tracking server (MLflow's own variable)"
     ),
+    Setting("MLFLOW_TRACKING_USERNAME", "", "MLflow basic-auth user (MLflow's own variable)"),
+    Setting(
+        "MLFLOW_TRACKING_PASSWORD", "", "MLflow basic-auth password (MLflow's own; never logged)", secret=True
+    ),
+    Setting(
+        "MLFLOW_TRACKING_TOKEN",
+        "",
+        "MLflow bearer token, used when no user and password are set (MLflow's own; never logged)",
+        secret=True,
+    ),
+    Setting("MLFLOW_TRACKING_INSECURE_TLS", "false", "true = skip TLS verification (MLflow's own variable)"),
+    Setting("MLFLOW_TRACKING_SERVER_CERT_PATH", "", "CA bundle verifying MLflow's TLS (MLflow's own)"),
+    Setting("MLFLOW_TRACKING_CLIENT_CERT_PATH", "", "Client certificate for MLflow's TLS (MLflow's own)"),
     Setting(
         "FOXHUNT_MLFLOW_EXPERIMENTS", "", "Comma-separated MLflow experiment names to ingest (empty: all)"
     ),
@@ -73,6 +89,11 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "AWS_ENDPOINT_URL", "", "An AWS endpoint for every service (boto3's own; the sandbox's moto server)"
+    ),
+    Setting(
+        "AWS_ENDPOINT_URL_S3",
+        "",
+        "S3's own endpoint for an s3:// lake, before AWS_ENDPOINT_URL (boto3's own)",
     ),
     Setting("FOXHUNT_FSX_IDS", "", "Comma-separated FSx file system ids (empty: every Lustre file system)"),
     Setting(
@@ -93,7 +114,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FOXHUNT_REPORT_SMTP_HOST", "", "SMTP server for the weekly report by e-mail (empty: no e-mail)"),
     Setting("FOXHUNT_REPORT_SMTP_PORT", "587", "SMTP port (submission, STARTTLS)"),
     Setting("FOXHUNT_REPORT_SMTP_USER", "", "SMTP login user (empty: no login)"),
-    Setting("FOXHUNT_REPORT_SMTP_PASSWORD", "", "SMTP password (never logged)"),
+    Setting("FOXHUNT_REPORT_SMTP_PASSWORD", "", "SMTP password (never logged)", secret=True),
     Setting("FOXHUNT_REPORT_SMTP_STARTTLS", "1", "1 = STARTTLS before login and sending; 0 = plain SMTP"),
     Setting("FOXHUNT_REPORT_EMAIL_FROM", "", "The report's From address (empty: the SMTP user)"),
     Setting("FOXHUNT_REPORT_EMAIL_TO", "", "Comma-separated recipients of the weekly report"),
@@ -102,7 +123,12 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "Slack channel for the weekly report, #name or id (empty: no Slack)",
     ),
-    Setting("SLACK_BOT_TOKEN", "", "Slack bot token, scopes chat:write and files:write (never logged)"),
+    Setting(
+        "SLACK_BOT_TOKEN",
+        "",
+        "Slack bot token, scopes chat:write and files:write (never logged)",
+        secret=True,
+    ),
     Setting("FOXHUNT_REPORT_SLACK_API_URL", "https://slack.com/api/", "Slack Web API base URL"),
     Setting(
         "FOXHUNT_ALERT_RULES",
@@ -123,7 +149,10 @@ SETTINGS: tuple[Setting, ...] = (
         "FOXHUNT_ALERT_WEBHOOK_URL", "", "URL alert notifications are POSTed to as signed JSON (empty: none)"
     ),
     Setting(
-        "FOXHUNT_ALERT_WEBHOOK_SECRET", "", "HMAC-SHA256 key signing the alert webhook's body (never logged)"
+        "FOXHUNT_ALERT_WEBHOOK_SECRET",
+        "",
+        "HMAC-SHA256 key signing the alert webhook's body (never logged)",
+        secret=True,
     ),
     Setting(
         "FOXHUNT_DAGSTER_URL",
@@ -132,61 +161,45 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 
-_DEFAULTS = {s.env: s.default for s in SETTINGS}
+SETTING = {s.env: s for s in SETTINGS}
 
 
 def env(name: str) -> str:
-    """The variable's value, or its documented default."""
-    return os.environ.get(name) or _DEFAULTS[name]
+    """The variable's value, or its documented default. Only where resources are built and in the CLI."""
+    return os.environ.get(name) or SETTING[name].default
+
+
+def default(name: str) -> str:
+    return SETTING[name].default
 
 
 @dataclass(frozen=True)
-class Settings:
-    lake: str
-    prometheus_url: str
+class ClusterSettings:
+    """How the cluster's series are named and sampled: what the Prometheus ingest needs besides a client."""
+
     scrape_step_s: float
     experiment_label: str
-    run_id_label: str
+    run_id_label: str  # "" = runs matched by their pod and namespace tags
     node_labels: tuple[str, ...]
     exporter_containers: tuple[str, ...]
-    prometheus_gzip: bool
-    prometheus_timeout_s: float
-    prometheus_max_points: int
-    prometheus_bearer_token: str
-
-    @classmethod
-    def from_env(cls) -> Settings:
-        step = positive_number("FOXHUNT_SCRAPE_STEP")
-        return cls(
-            lake=env("FOXHUNT_LAKE"),
-            prometheus_url=env("FOXHUNT_PROMETHEUS_URL").rstrip("/"),
-            scrape_step_s=step,
-            experiment_label=env("FOXHUNT_EXPERIMENT_LABEL"),
-            run_id_label=env("FOXHUNT_RUN_ID_POD_LABEL").strip(),
-            node_labels=tuple(x.strip() for x in env("FOXHUNT_NODE_LABELS").split(",") if x.strip()),
-            exporter_containers=tuple(csv_setting("FOXHUNT_EXPORTER_CONTAINERS")),
-            prometheus_gzip=env("FOXHUNT_PROMETHEUS_GZIP") in ("1", "true", "yes"),
-            prometheus_timeout_s=positive_number("FOXHUNT_PROMETHEUS_TIMEOUT"),
-            prometheus_max_points=int(positive_number("FOXHUNT_PROMETHEUS_MAX_POINTS", integer=True)),
-            prometheus_bearer_token=os.environ.get("FOXHUNT_PROMETHEUS_BEARER_TOKEN", ""),
-        )
 
 
+# -- parsers: a raw value in, a checked one out; errors name the variable -----------------------------------
 ACTIVITY_BASES = ("util", "sm")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def activity_basis() -> str:
+def activity_basis(raw: str) -> str:
     """FOXHUNT_ACTIVITY_BASIS, checked: util or sm."""
-    basis = env("FOXHUNT_ACTIVITY_BASIS").strip().lower()
+    basis = raw.strip().lower()
     if basis not in ACTIVITY_BASES:
         raise ValueError(f"FOXHUNT_ACTIVITY_BASIS must be one of {', '.join(ACTIVITY_BASES)}, got {basis!r}")
     return basis
 
 
-def positive_number(name: str, integer: bool = False) -> float:
+def positive_number(name: str, raw: str, integer: bool = False) -> float:
     """A numeric setting that must be a finite number > 0 (nan, inf, 0, negatives and words refused,
     naming the variable): a zero step or timeout would loop or give up at once, silently."""
-    raw = env(name)
     try:
         value = float(raw)
     except ValueError:
@@ -197,22 +210,34 @@ def positive_number(name: str, integer: bool = False) -> float:
     return value
 
 
-def cost_tags() -> tuple[str, str, str]:
-    """AWS tag keys behind costs_daily's project, environment and experiment columns."""
-    keys = tuple(x.strip() for x in env("FOXHUNT_COST_TAGS").split(","))
+def flag(name: str, raw: str) -> bool:
+    """A 1/0 setting (true/false, yes/no too); anything else is refused, naming the variable."""
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name} must be 1 or 0, got {value!r}")
+
+
+def cost_tags(raw: str) -> tuple[str, str, str]:
+    """FOXHUNT_COST_TAGS: the AWS tag keys behind costs_daily's project, environment and experiment columns."""
+    keys = tuple(x.strip() for x in raw.split(","))
     if len(keys) != 3 or not all(keys):
         raise ValueError(
-            "FOXHUNT_COST_TAGS must name three tag keys (project, environment, experiment), "
-            f"got {env('FOXHUNT_COST_TAGS')!r}"
+            f"FOXHUNT_COST_TAGS must name three tag keys (project, environment, experiment), got {raw!r}"
         )
     return keys  # type: ignore[return-value]
 
 
-def csv_setting(name: str) -> list[str]:
+def csv_list(raw: str) -> list[str]:
     """A comma-separated setting as a list, blanks dropped."""
-    return [x.strip() for x in env(name).split(",") if x.strip()]
+    return [x.strip() for x in raw.split(",") if x.strip()]
 
 
-def partitions_start() -> datetime:
-    """Partition definitions are built when Dagster loads the code location, so this one is read then."""
-    return datetime.fromisoformat(env("FOXHUNT_PARTITIONS_START")).replace(tzinfo=timezone.utc)
+def partitions_start(raw: str) -> datetime:
+    """FOXHUNT_PARTITIONS_START as a UTC datetime."""
+    try:
+        return datetime.fromisoformat(raw.strip()).replace(tzinfo=timezone.utc)
+    except ValueError:
+        raise ValueError(f"FOXHUNT_PARTITIONS_START must be a date (2026-11-01), got {raw!r}") from None

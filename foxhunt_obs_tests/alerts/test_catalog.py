@@ -130,14 +130,19 @@ def test_overrides_change_thresholds_for_severity_and_enabled(tmp_path):
     assert [r.id for r in load_rules(overrides=path)] == [r.id for r in load_rules()]  # order kept
 
 
-def test_overrides_come_from_the_environment(tmp_path, monkeypatch):
+def test_overrides_come_from_the_alerting_resource_not_the_environment(tmp_path, monkeypatch):
+    from foxhunt_obs.defs.resources import AlertingResource
+
     path = write(tmp_path, "o.yaml", "rules:\n  gpu_overheat: {thresholds: {temp_max_celsius: 80}}\n")
     monkeypatch.setenv("FOXHUNT_ALERT_RULES", path)
-    assert by_id(load_rules())["gpu_overheat"].expr() == "max by (node, gpu, uuid, model) (foxhunt:gpu_temp:celsius) > 80"
-    # an explicit empty overrides argument means none, whatever the environment says
-    assert by_id(load_rules(overrides=""))["gpu_overheat"].thresholds["temp_max_celsius"] == 85
-    monkeypatch.setenv("FOXHUNT_ALERT_RULES", "")
+    chosen = AlertingResource.from_env(resolve=True).rules_file
+    assert chosen == path
+    assert by_id(load_rules(overrides=chosen))["gpu_overheat"].expr() == (
+        "max by (node, gpu, uuid, model) (foxhunt:gpu_temp:celsius) > 80"
+    )
+    # lib/ never reads the variable itself: no argument, or an empty one, means no overrides
     assert by_id(load_rules())["gpu_overheat"].thresholds["temp_max_celsius"] == 85
+    assert by_id(load_rules(overrides=""))["gpu_overheat"].thresholds["temp_max_celsius"] == 85
 
 
 @pytest.mark.parametrize(

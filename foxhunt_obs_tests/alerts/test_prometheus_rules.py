@@ -61,13 +61,16 @@ def test_every_enabled_promql_rule_is_exported_once():
 
 
 def test_export_follows_overrides(tmp_path, monkeypatch):
+    """`foxhunt-obs rules export` applies the FOXHUNT_ALERT_RULES file, as the alert sensor does."""
     overrides = tmp_path / "o.yaml"
     overrides.write_text(
         "rules:\n  gpu_overheat: {thresholds: {temp_max_celsius: 90.5}, for: 2m, severity: critical}\n"
         "  idle_spend: {enabled: false}\n"
     )
     monkeypatch.setenv("FOXHUNT_ALERT_RULES", str(overrides))
-    rules = {r["alert"]: r for r in alerting_rules()["groups"][0]["rules"]}
+    export_rules(tmp_path / "out")
+    exported_file = yaml.safe_load((tmp_path / "out" / "foxhunt-rules.yaml").read_text())
+    rules = {r["alert"]: r for r in exported_file["groups"][0]["rules"]}
     assert "idle_spend" not in rules
     hot = rules["gpu_overheat"]
     assert hot["expr"] == "max by (node, gpu, uuid, model) (foxhunt:gpu_temp:celsius) > 90.5"

@@ -1,6 +1,7 @@
 """The ``slack`` resource (dagster-slack's SlackResource) as the project's Definitions build it: both alert
-sensors deliver through it to the local Slack stand-in, with the token and API URL read from the
-environment when they run; without Slack configured the code location loads and the sensors still run.
+sensors deliver through it to the local Slack stand-in, the token and API URL bound to their variables
+when the code location loads and read when a tick runs; without Slack configured the code location loads
+and the sensors still run.
 
 The alert sensor evaluates for real: a Prometheus stand-in answers one stalled pod, and a rules file
 (FOXHUNT_ALERT_RULES) leaves only gpu_training_stall on, firing at once."""
@@ -116,18 +117,22 @@ def _fail_a_run(definitions: dg.Definitions, resources=None):
     return result.dagster_run
 
 
-def test_the_definitions_register_the_slack_resource():
+def test_the_definitions_register_the_slack_resource(monkeypatch):
+    monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
     resource = defs().resources["slack"]
-    assert isinstance(resource, SlackBotResource)
-    # nothing captured at load time: SLACK_BOT_TOKEN is read when a client is built
-    assert resource.token == ""
+    assert isinstance(resource, SlackBotResource) and resource.token == ""
+    # set: the resource holds the variable's name (the UI shows it), never the token
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+    resource = defs().resources["slack"]
+    assert isinstance(resource.token, dg.EnvVar) and resource.token == "SLACK_BOT_TOKEN"
 
 
 def test_the_alert_sensors_deliver_through_the_slack_resource(lake, slack, monkeypatch, caplog):
-    definitions = defs()  # loaded before Slack is configured: the resource reads the environment late
-    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-replaced-before-the-tick")
     monkeypatch.setenv("FOXHUNT_REPORT_SLACK_API_URL", slack.url + "/api/")
     monkeypatch.setenv("FOXHUNT_ALERT_SLACK_CHANNEL", CHANNEL)
+    definitions = defs()
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)  # the variables' values are read when the tick runs
 
     result = _alert_tick(definitions)
 

@@ -25,10 +25,9 @@ from foxhunt_obs.lib.delivery.alert_sinks import (
     Notification,
     SlackAlertSink,
     WebhookSink,
-    dagster_link,
+    configured_sinks,
     deliver_all,
     notification_dict,
-    sinks_from_env,
 )
 from foxhunt_obs.lib.delivery.slack_client import slack_web_client
 from foxhunt_obs.lib.lake import Lake
@@ -403,21 +402,23 @@ def test_lake_sink_leaves_an_unchanged_partition_alone(tmp_path):
 
 
 # -- configuration and deliver_all -------------------------------------------------------------------------------
-def test_sinks_from_env(tmp_path, monkeypatch):
+def test_configured_sinks(tmp_path):
     lake = Lake(tmp_path / "lake")
 
     def no_client():
         raise AssertionError("no Slack channel, so no Slack client either")
 
-    assert [s.name for s in sinks_from_env(lake)] == ["lake"]
-    assert [s.name for s in sinks_from_env(lake, no_client)] == ["lake"]
+    assert [s.name for s in configured_sinks(lake)] == ["lake"]
+    assert [s.name for s in configured_sinks(lake, slack_client=no_client)] == ["lake"]
 
-    monkeypatch.setenv("FOXHUNT_ALERTMANAGER_URL", "http://am.example:9093/")
-    monkeypatch.setenv("FOXHUNT_ALERT_SLACK_CHANNEL", "#alerts")
-    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
-    monkeypatch.setenv("FOXHUNT_ALERT_WEBHOOK_URL", "https://hooks.example/foxhunt")
-    monkeypatch.setenv("FOXHUNT_ALERT_WEBHOOK_SECRET", SECRET)
-    sinks = sinks_from_env(lake)
+    given = {
+        "alertmanager_url": "http://am.example:9093/",
+        "slack_channel": "#alerts",
+        "webhook_url": "https://hooks.example/foxhunt",
+        "webhook_secret": SECRET,
+    }
+    client = slack_web_client(TOKEN)
+    sinks = configured_sinks(lake, **given, slack_client=lambda: client)
     assert [(s.name, s.target) for s in sinks] == [
         ("alertmanager", "http://am.example:9093"),
         ("slack", "#alerts"),
@@ -426,25 +427,19 @@ def test_sinks_from_env(tmp_path, monkeypatch):
     ]
     assert sinks[1].api_url == "https://slack.com/api/"
     assert TOKEN not in repr(sinks) and SECRET not in repr(sinks)
-    # the caller's client (the Dagster resource's) wins over the environment
     own = slack_web_client("xoxb-from-the-resource", "http://slack.example/api/")
-    assert sinks_from_env(lake, lambda: own)[1].api_url == "http://slack.example/api/"
+    assert configured_sinks(lake, **given, slack_client=lambda: own)[1].api_url == "http://slack.example/api/"
+    with pytest.raises(AlertSinkError, match="slack #alerts: .*SLACK_BOT_TOKEN is empty"):
+        configured_sinks(lake, slack_channel="#alerts", slack_client=lambda: slack_web_client(""))
 
-    monkeypatch.setenv("FOXHUNT_ALERT_WEBHOOK_SECRET", "")
     with pytest.raises(
         AlertSinkError, match="webhook https://hooks.example/foxhunt: FOXHUNT_ALERT_WEBHOOK_SECRET"
     ):
-        sinks_from_env(lake)
-    monkeypatch.setenv("FOXHUNT_ALERTMANAGER_URL", "am.example:9093")
+        configured_sinks(lake, **{**given, "webhook_secret": ""}, slack_client=lambda: client)
     with pytest.raises(AlertSinkError, match="FOXHUNT_ALERTMANAGER_URL must be an http"):
-        sinks_from_env(lake)
-
-    assert dagster_link("/assets/gpu_hourly") == "http://127.0.0.1:3000/assets/gpu_hourly"
-    monkeypatch.setenv("FOXHUNT_DAGSTER_URL", "https://dagster.example/")
-    assert (
-        dagster_link("runs/x") == "https://dagster.example/runs/x"
-        and dagster_link() == "https://dagster.example"
-    )
+        configured_sinks(
+            lake, **{**given, "alertmanager_url": "am.example:9093"}, slack_client=lambda: client
+        )
 
 
 def test_deliver_all_tries_every_sink_and_records_who_accepted(tmp_path, receiver, fast_retries):

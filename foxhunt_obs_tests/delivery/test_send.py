@@ -1,5 +1,8 @@
 """Report delivery against real local servers: aiosmtpd (STARTTLS with a CA made here, AUTH) and a small
-HTTP stand-in of the Slack Web API (foxhunt_obs_tests/slack_standin.py). Secrets must reach neither a log nor an exception."""
+HTTP stand-in of the Slack Web API (foxhunt_obs_tests/slack_standin.py). Secrets must reach neither a log nor an exception.
+
+The tests set the FOXHUNT_REPORT_* variables a deployment sets; `deliver` below hands them over through
+the `report` and `slack` resources, as the asset does (send.deliver itself never reads the environment)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from foxhunt_obs.lib.delivery import render_weekly_report
-from foxhunt_obs.lib.delivery.send import DeliveryError, deliver
+from foxhunt_obs.defs.resources import ReportResource, SlackBotResource
+from foxhunt_obs.lib.delivery import send
+from foxhunt_obs.lib.delivery.send import DeliveryError
 from foxhunt_obs.lib.delivery.slack_client import slack_web_client
 from foxhunt_obs.lib.delivery.weekly_report import money
 from foxhunt_obs.lib.settings import SETTINGS
@@ -32,6 +37,13 @@ PASSWORD = "s3cr3t-Pa55word-do-not-log"
 TOKEN = "xoxb-0000-1111-token-do-not-log"
 LINK = "http://127.0.0.1:3000/assets/weekly_cost_report?a=1&b=2"
 DELIVERY_VARS = [s.env for s in SETTINGS if s.env.startswith("FOXHUNT_REPORT_") or s.env == "SLACK_BOT_TOKEN"]
+
+
+def deliver(report, week, link=None, slack_client=None) -> list[str]:
+    """send.deliver with the sinks' settings as the resources read them from the environment now."""
+    slack_client = slack_client or SlackBotResource.from_env(resolve=True).get_client
+    delivery = ReportResource.from_env(resolve=True).delivery()
+    return send.deliver(report, week, link, delivery=delivery, slack_client=slack_client)
 
 
 @pytest.fixture(scope="module")

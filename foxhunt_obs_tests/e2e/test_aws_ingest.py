@@ -239,7 +239,7 @@ def test_a_dead_endpoint_names_the_source_and_partition(env, ingested, monkeypat
 
 def test_the_demo_summary_shows_costs_gap_and_free_space(small, ingested):
     """The printed figures are the lake's (whichever test ran before: one restates the day)."""
-    from foxhunt_obs.cli import costs_summary
+    from foxhunt_obs.cli.summaries import costs_summary
 
     lake, _ = ingested
     text = costs_summary(DAY)

@@ -138,6 +138,7 @@ def test_planted_secrets_never_reach_dagster_home_or_the_lake(prometheus, small,
     monkeypatch.setenv("FOXHUNT_ALERT_WEBHOOK_URL", f"http://127.0.0.1:{receiver.server_address[1]}/hook")
     for var in ("FOXHUNT_ALERTMANAGER_URL", "FOXHUNT_ALERT_SLACK_CHANNEL"):
         monkeypatch.delenv(var)
+    definitions = defs()  # the code location as it loads in this environment: only the webhook
     with dg.build_sensor_context(resources=definitions.resources, instance=instance) as sensor_context:
         notified = definitions.resolve_sensor_def("run_failure_alert")(sensor_context)
     assert notified.skip_message.endswith("failed runs notified"), notified.skip_message

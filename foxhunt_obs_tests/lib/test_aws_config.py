@@ -28,7 +28,7 @@ def test_env_endpoints_are_honoured_not_overridden(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:4001")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:4002")
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
-    resource = AwsResource()
+    resource = AwsResource.from_env(resolve=True)
     assert resource.client("ce").meta.endpoint_url == "http://127.0.0.1:4001"
     assert resource.client("s3").meta.endpoint_url == "http://127.0.0.1:4002"
     assert resource.client("fsx").meta.region_name == "eu-west-1"

@@ -238,7 +238,7 @@ def s3_lake(monkeypatch):
         monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
         s3 = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
         s3.create_bucket(Bucket="bucket")
-        yield Lake("s3://bucket/lake"), s3
+        yield Lake("s3://bucket/lake", endpoint_url=f"http://{host}:{port}"), s3
     finally:
         server.stop()
 
@@ -505,8 +505,7 @@ def test_s3_writes_are_one_put_and_a_cut_upload_leaves_nothing(s3_lake, monkeypa
     _, s3 = s3_lake
     proxy = _S3Proxy(os.environ["AWS_ENDPOINT_URL"])
     try:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        lake = Lake("s3://bucket/lake")
+        lake = Lake("s3://bucket/lake", endpoint_url=proxy.url)
         rows = 240_000
         big = _table(rows).set_column(1, "name", pa.array([os.urandom(48).hex() for _ in range(rows)]))
         res = lake.write_partition(SPEC, H1, big)

@@ -18,7 +18,13 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
-from foxhunt_obs.lib.sources.mlflow import HISTORY_PAGE, MlflowRun, MlflowSource, MlflowSourceError
+from foxhunt_obs.lib.sources.mlflow import (
+    HISTORY_PAGE,
+    MlflowAuth,
+    MlflowRun,
+    MlflowSource,
+    MlflowSourceError,
+)
 from foxhunt_obs.sandbox.local_server import free_port
 from foxhunt_obs.sandbox.mlflow_server import MlflowServer
 
@@ -333,16 +339,15 @@ def test_unknown_run_on_the_real_server(mlflow_store):
     )
 
 
-def test_auth_headers_and_no_credentials_in_messages(canned, monkeypatch):
+def test_auth_headers_and_no_credentials_in_messages(canned):
     url, seen = canned(403, b'{"error_code": "PERMISSION_DENIED", "message": "no"}')
-    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-123456")
+    token = MlflowAuth(token="tok-123456")
     with pytest.raises(MlflowSourceError) as e:
-        MlflowSource(url).histories([_fake_run()])
+        MlflowSource(url, auth=token).histories([_fake_run()])
     assert seen[-1][1] == "Bearer tok-123456" and "tok-123456" not in str(e.value)
-    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "fox")
-    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "pw-secret")
+    both = MlflowAuth(username="fox", password="pw-secret", token="tok-123456")
     with pytest.raises(MlflowSourceError) as e:  # basic wins over bearer, as in MLflow
-        MlflowSource(url.replace("://", "://fox:pw-secret@")).histories([_fake_run()])
+        MlflowSource(url.replace("://", "://fox:pw-secret@"), auth=both).histories([_fake_run()])
     assert seen[-1][1] == "Basic Zm94OnB3LXNlY3JldA=="
     assert "pw-secret" not in str(e.value) and "MLflow at http://***@127.0.0.1:" in str(e.value)
 

@@ -3,10 +3,10 @@ sources and notifies Alertmanager / Slack / a webhook / the alerts table on tran
 state lives in the cursor, with which sink took which transition: a sink that is down gets it on a later
 tick, the others never twice (lib/alerts/engine.py).
 
-Both sensors start RUNNING: they only read, and without FOXHUNT_ALERTMANAGER_URL / _SLACK_CHANNEL /
-_WEBHOOK_URL they write nothing but the `alerts` lake table. Turn them off in the UI (Automation).
-Slack goes through the `slack` resource (dagster-slack; defs/resources.py), asked for a client only when
-FOXHUNT_ALERT_SLACK_CHANNEL is set.
+Both sensors start RUNNING: they only read, and without a sink in the `alerting` resource (Alertmanager
+URL, Slack channel, webhook URL) they write nothing but the `alerts` lake table. Turn them off in the UI
+(Automation). Slack goes through the `slack` resource (dagster-slack), asked for a client only when the
+alerting resource names a channel. Every source and sink comes from the resources, as for the assets.
 """
 
 from datetime import datetime, timezone
@@ -14,13 +14,14 @@ from datetime import datetime, timezone
 import dagster as dg
 
 from foxhunt_obs.defs.resources import (
+    AlertingResource,
     AwsResource,
+    FsxResource,
     LakeResource,
     MlflowResource,
     PrometheusResource,
     SlackBotResource,
 )
-from foxhunt_obs.lib.settings import csv_setting, env
 
 TICK_SECONDS = 60
 # Dagster gives up on a sensor evaluation after 60 s (DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS), and then the
@@ -35,19 +36,20 @@ DELIVERY_BUDGET_S = 35.0
 SINK_BUDGET_S = 12.0
 
 
-def _sources(lake: LakeResource, prometheus: PrometheusResource, mlflow: MlflowResource, aws: AwsResource):
+def _sources(
+    lake, prometheus: PrometheusResource, mlflow: MlflowResource, aws: AwsResource, fsx: FsxResource
+):
+    """The alert sources, as the assets read them. FSx is read like fsx_metrics reads it: a deployment
+    without FSx disables the fsx rules (FOXHUNT_ALERT_RULES), and no rule enabled means no FSx call."""
     from foxhunt_obs.lib.alerts.collect import Sources
     from foxhunt_obs.lib.sources.fsx import FsxSource
 
-    fsx = None
-    if env("AWS_ENDPOINT_URL") or env("FOXHUNT_FSX_IDS") or env("FOXHUNT_CUR_S3_URI"):
-        fsx = FsxSource(aws.client("fsx"), aws.client("cloudwatch"))  # only where AWS is configured
     return Sources(
         prometheus=prometheus.client(),
         mlflow=mlflow.source(),
-        fsx=fsx,
-        fsx_ids=csv_setting("FOXHUNT_FSX_IDS") or None,
-        lake=lake.lake(),
+        fsx=FsxSource(aws.client("fsx"), aws.client("cloudwatch")),
+        fsx_ids=fsx.ids(),
+        lake=lake,
     )
 
 
@@ -66,23 +68,24 @@ def alert_sensor(
     prometheus: PrometheusResource,
     mlflow: MlflowResource,
     aws: AwsResource,
+    fsx: FsxResource,
     slack: SlackBotResource,
+    alerting: AlertingResource,
 ):
     from foxhunt_obs.lib.alerts.catalog import load_rules_or_last_good
     from foxhunt_obs.lib.alerts.engine import tick
-    from foxhunt_obs.lib.delivery.alert_sinks import sinks_from_env
 
     store = lake.lake()
-    rules, rules_error = load_rules_or_last_good()
+    rules, rules_error = load_rules_or_last_good(overrides=alerting.rules_file)
     if rules_error:
         context.log.error(f"alerts: {rules_error}")
     cursor, report = tick(
         rules,
-        _sources(lake, prometheus, mlflow, aws),
-        sinks_from_env(store, slack.get_client),
+        _sources(store, prometheus, mlflow, aws, fsx),
+        alerting.sinks(store, slack),
         context.cursor,
         datetime.now(timezone.utc),
-        dagster_url=env("FOXHUNT_DAGSTER_URL"),
+        dagster_url=alerting.value("dagster_url"),
         budget_s=DELIVERY_BUDGET_S,
         source_budget_s=SOURCE_BUDGET_S,
         sink_budget_s=SINK_BUDGET_S,
@@ -163,9 +166,13 @@ def _failed_runs(context: dg.SensorEvaluationContext, after: datetime) -> list:
         "it takes it. Its cursor keeps the notices a sink refused."
     ),
 )
-def run_failure_alert(context: dg.SensorEvaluationContext, lake: LakeResource, slack: SlackBotResource):
+def run_failure_alert(
+    context: dg.SensorEvaluationContext,
+    lake: LakeResource,
+    slack: SlackBotResource,
+    alerting: AlertingResource,
+):
     from foxhunt_obs.lib.alerts import run_failures
-    from foxhunt_obs.lib.delivery.alert_sinks import sinks_from_env
 
     now = datetime.now(timezone.utc)
     cursor = run_failures.Cursor.load(context.cursor, now)
@@ -173,9 +180,9 @@ def run_failure_alert(context: dg.SensorEvaluationContext, lake: LakeResource, s
     cursor, report = run_failures.tick(
         cursor,
         failed,
-        sinks_from_env(lake.lake(), slack.get_client),
+        alerting.sinks(lake.lake(), slack),
         now,
-        dagster_url=env("FOXHUNT_DAGSTER_URL"),
+        dagster_url=alerting.value("dagster_url"),
         budget_s=DELIVERY_BUDGET_S,
         sink_budget_s=SINK_BUDGET_S,
     )

@@ -10,9 +10,8 @@ import dagster as dg
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.gpu.assets import node_samples
 from foxhunt_obs.defs.partitions import DAILY, days_of
-from foxhunt_obs.defs.resources import AwsResource, LakeResource
+from foxhunt_obs.defs.resources import AwsResource, CostsResource, FsxResource, LakeResource
 from foxhunt_obs.defs.storage.assets import fsx_metrics
-from foxhunt_obs.lib.settings import cost_tags, csv_setting, env
 from foxhunt_obs.lib.tables import costs as tables
 
 
@@ -26,11 +25,11 @@ from foxhunt_obs.lib.tables import costs as tables
         "period, tags normalised. Empty until an export's manifest exists."
     ),
 )
-def costs_hourly(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource):
+def costs_hourly(
+    context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource, costs: CostsResource
+):
     days = days_of(context.partition_time_window)
-    built = assetkit.build(
-        tables.costs_hourly, lake.lake(), aws.client, days, env("FOXHUNT_CUR_S3_URI"), cost_tags()
-    )
+    built = assetkit.build(tables.costs_hourly, lake.lake(), aws.client, days, costs.cur_s3_uri, costs.tags())
     assetkit.log(context, built)
     yield from assetkit.results(built)
 
@@ -58,11 +57,23 @@ def costs_hourly(context: dg.AssetExecutionContext, lake: LakeResource, aws: Aws
         "and resource."
     ),
 )
-def costs_daily(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource):
+def costs_daily(
+    context: dg.AssetExecutionContext,
+    lake: LakeResource,
+    aws: AwsResource,
+    costs: CostsResource,
+    fsx: FsxResource,
+):
     days = days_of(context.partition_time_window)
-    fsx_ids = csv_setting("FOXHUNT_FSX_IDS") or None
-    region = env("FOXHUNT_PRICE_REGION")
-    built = assetkit.build(tables.costs_daily, lake.lake(), aws.client, days, cost_tags(), fsx_ids, region)
+    built = assetkit.build(
+        tables.costs_daily,
+        lake.lake(),
+        aws.client,
+        days,
+        costs.tags(),
+        fsx.ids(),
+        costs.value("price_region"),
+    )
     assetkit.log(context, built)
     yield from assetkit.results(built)
 
@@ -77,9 +88,9 @@ def costs_daily(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsR
         "Explorer's month forecast when FOXHUNT_CE_FORECAST=1). Past partitions hold the sync's values."
     ),
 )
-def budgets(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource):
+def budgets(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource, costs: CostsResource):
     days = days_of(context.partition_time_window)
-    forecast = env("FOXHUNT_CE_FORECAST") in ("1", "true", "yes")
+    forecast = costs.flag("ce_forecast")
     yield from assetkit.results(
-        assetkit.build(tables.budgets, lake.lake(), aws.client, days, cost_tags(), forecast)
+        assetkit.build(tables.budgets, lake.lake(), aws.client, days, costs.tags(), forecast)
     )

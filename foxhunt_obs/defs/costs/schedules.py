@@ -5,6 +5,7 @@ from datetime import timedelta
 import dagster as dg
 
 from foxhunt_obs.defs.partitions import range_request, trailing_days
+from foxhunt_obs.defs.resources import CostsResource
 
 costs_job = dg.define_asset_job(
     "costs_job",
@@ -18,11 +19,11 @@ PREVIOUS_MONTH_UNTIL_DAY = 15
 
 
 @dg.schedule(cron_schedule="0 7 * * *", job=costs_job, execution_timezone="UTC")
-def costs_daily_schedule(context: dg.ScheduleEvaluationContext):
+def costs_daily_schedule(context: dg.ScheduleEvaluationContext, costs: CostsResource):
     """At 07:00 UTC: the trailing FOXHUNT_CE_RESTATE_DAYS days up to yesterday, and in the first half of
     a month the whole previous month once more."""
     today = context.scheduled_execution_time.date()
-    requests = range_request(*trailing_days(today), "trailing")
+    requests = range_request(*trailing_days(today, costs.restate_days()), "trailing")
     if today.day <= PREVIOUS_MONTH_UNTIL_DAY:
         last_of_previous = today.replace(day=1) - timedelta(days=1)
         requests += range_request(last_of_previous.replace(day=1), last_of_previous, "previous-month")

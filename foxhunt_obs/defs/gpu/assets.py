@@ -4,9 +4,8 @@ import dagster as dg
 
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.partitions import DAILY, HOURLY, days_of, hours_of
-from foxhunt_obs.defs.resources import LakeResource, PrometheusResource
+from foxhunt_obs.defs.resources import ClusterResource, LakeResource, PrometheusResource
 from foxhunt_obs.lib.analysis.catalog import load_catalog
-from foxhunt_obs.lib.settings import Settings
 from foxhunt_obs.lib.tables import daily as tables
 from foxhunt_obs.lib.tables import gpu as gpu_tables
 
@@ -41,11 +40,11 @@ class IngestConfig(dg.Config):
     allow_fewer_rows: bool = False
 
 
-def _ingest(table_fn, context, config: IngestConfig, lake: LakeResource, prometheus: PrometheusResource):
+def _ingest(table_fn, context, config: IngestConfig, lake, prometheus, cluster):
     """A Prometheus ingest table over the run's hours, its log lines into the run's log."""
     hours = hours_of(context.partition_time_window)
     built = assetkit.build(
-        table_fn, lake.lake(), prometheus.client(), load_catalog(), Settings.from_env(), hours,
+        table_fn, lake.lake(), prometheus.client(), load_catalog(), cluster.settings(), hours,
         allow_fewer_rows=config.allow_fewer_rows,
     )  # fmt: skip
     assetkit.log(context, built)
@@ -65,8 +64,9 @@ def gpu_samples(
     config: IngestConfig,
     lake: LakeResource,
     prometheus: PrometheusResource,
+    cluster: ClusterResource,
 ):
-    yield from _ingest(gpu_tables.gpu_samples, context, config, lake, prometheus)
+    yield from _ingest(gpu_tables.gpu_samples, context, config, lake, prometheus, cluster)
 
 
 @dg.asset(
@@ -82,8 +82,9 @@ def node_samples(
     config: IngestConfig,
     lake: LakeResource,
     prometheus: PrometheusResource,
+    cluster: ClusterResource,
 ):
-    yield from _ingest(gpu_tables.node_samples, context, config, lake, prometheus)
+    yield from _ingest(gpu_tables.node_samples, context, config, lake, prometheus, cluster)
 
 
 @dg.asset(

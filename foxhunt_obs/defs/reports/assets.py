@@ -7,11 +7,10 @@ from foxhunt_obs import assetkit
 from foxhunt_obs.defs.costs.assets import costs_daily, costs_hourly
 from foxhunt_obs.defs.gpu.assets import gpu_hourly, node_samples
 from foxhunt_obs.defs.partitions import DAILY, WEEKLY, days_of
-from foxhunt_obs.defs.resources import LakeResource, SlackBotResource
+from foxhunt_obs.defs.resources import CostsResource, LakeResource, ReportResource, SlackBotResource
 from foxhunt_obs.defs.training.assets import training_metrics, training_runs
 from foxhunt_obs.lib.analysis.allocation import CLUSTER_IDLE
 from foxhunt_obs.lib.analysis.prices import load_price_table
-from foxhunt_obs.lib.settings import env
 from foxhunt_obs.lib.tables import daily as tables
 
 DAY_TO_DAY = dg.TimeWindowPartitionMapping()
@@ -41,8 +40,8 @@ DAY_TO_DAY = dg.TimeWindowPartitionMapping()
         "tagged and shared bill lines."
     ),
 )
-def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource):
-    prices = assetkit.build(load_price_table, env("FOXHUNT_PRICE_REGION"))
+def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource, costs: CostsResource):
+    prices = assetkit.build(load_price_table, costs.value("price_region"))
     days = days_of(context.partition_time_window)
     yield from assetkit.results(assetkit.build(tables.cost_allocation, lake.lake(), days, prices))
 
@@ -108,11 +107,15 @@ def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
         "self-contained HTML file with PNG charts, in the lake under reports/week=…/."
     ),
 )
-def weekly_cost_report(context: dg.AssetExecutionContext, lake: LakeResource, slack: SlackBotResource):
+def weekly_cost_report(
+    context: dg.AssetExecutionContext, lake: LakeResource, report: ReportResource, slack: SlackBotResource
+):
     from foxhunt_obs.lib.tables.weekly import weekly_cost_report as build
 
     week_start = context.partition_time_window.start.date()
-    built = assetkit.build(build, lake.lake(), week_start, slack_client=slack.get_client)
+    built = assetkit.build(
+        build, lake.lake(), week_start, report.basis(), report.delivery(), slack_client=slack.get_client
+    )
     if built.extra["delivery_error"]:
         context.log.error(
             f"weekly_cost_report week={week_start}: delivery failed: {built.extra['delivery_error']}"

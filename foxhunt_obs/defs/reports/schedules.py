@@ -2,6 +2,9 @@
 
 import dagster as dg
 
+from foxhunt_obs.defs.partitions import WEEKLY, range_request, trailing_days
+from foxhunt_obs.defs.resources import CostsResource
+
 daily_reports_job = dg.define_asset_job(
     "daily_reports_job",
     selection=dg.AssetSelection.assets("cost_allocation", "utilization_per_dollar", "outcome_per_dollar"),
@@ -16,17 +19,14 @@ weekly_report_job = dg.define_asset_job(
 
 
 @dg.schedule(cron_schedule="30 7 * * *", job=daily_reports_job, execution_timezone="UTC")
-def daily_reports_schedule(context: dg.ScheduleEvaluationContext):
+def daily_reports_schedule(context: dg.ScheduleEvaluationContext, costs: CostsResource):
     """07:30 UTC, after the costs: the same trailing days, whose bill may have been restated."""
-    from foxhunt_obs.defs.partitions import range_request, trailing_days
-
-    return range_request(*trailing_days(context.scheduled_execution_time.date()), "trailing")
+    today = context.scheduled_execution_time.date()
+    return range_request(*trailing_days(today, costs.restate_days()), "trailing")
 
 
 @dg.schedule(cron_schedule="0 8 * * 1", job=weekly_report_job, execution_timezone="UTC")
 def weekly_report_schedule(context: dg.ScheduleEvaluationContext):
     """Monday 08:00 UTC: the week that ended at midnight (its costs ran at 07:00)."""
-    from foxhunt_obs.defs.partitions import WEEKLY
-
     week = WEEKLY.get_last_partition_key(current_time=context.scheduled_execution_time)
     return dg.RunRequest(partition_key=week, run_key=f"week-{week}")

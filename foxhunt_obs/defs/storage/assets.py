@@ -4,8 +4,7 @@ import dagster as dg
 
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.partitions import HOURLY, hours_of
-from foxhunt_obs.defs.resources import AwsResource, LakeResource
-from foxhunt_obs.lib.settings import csv_setting
+from foxhunt_obs.defs.resources import AwsResource, FsxResource, LakeResource
 from foxhunt_obs.lib.sources.fsx import FsxSource
 from foxhunt_obs.lib.tables import storage as tables
 
@@ -20,11 +19,9 @@ from foxhunt_obs.lib.tables import storage as tables
         "operations (Sum, with per-second rates) and free capacity (Minimum = fullest disk, Sum = total)."
     ),
 )
-def fsx_metrics(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource):
+def fsx_metrics(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource, fsx: FsxResource):
     source = FsxSource(aws.client("fsx"), aws.client("cloudwatch"))
     hours = hours_of(context.partition_time_window)
-    built = assetkit.build(
-        tables.fsx_metrics, lake.lake(), source, hours, csv_setting("FOXHUNT_FSX_IDS") or None
-    )
+    built = assetkit.build(tables.fsx_metrics, lake.lake(), source, hours, fsx.ids())
     assetkit.log(context, built)
     yield from assetkit.results(built)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import re
 import string
 from collections.abc import Mapping
@@ -191,12 +190,10 @@ class Rule:
 
 
 def load_rules(path: Path | None = None, overrides: Path | str | None = None) -> list[Rule]:
-    """The rules of `path` (default: the packaged catalog) with `overrides` applied (default: the file
-    named by FOXHUNT_ALERT_RULES, if set), in file order. Parsed once per version of the two files (the
-    sensor asks every tick; parsing costs ~35 ms); an edited file is read again."""
+    """The rules of `path` (default: the packaged catalog) with the `overrides` file applied (None or
+    empty: none; the alerting resource passes FOXHUNT_ALERT_RULES), in file order. Parsed once per version
+    of the two files (the sensor asks every tick; parsing costs ~35 ms); an edited file is read again."""
     path = Path(path) if path is not None else DEFAULT_PATH
-    if overrides is None:
-        overrides = os.environ.get(OVERRIDES_ENV) or None
     extra = Path(overrides) if overrides is not None and str(overrides).strip() else None
     return list(_load_rules(path, _version(path), extra, _version(extra) if extra else None))
 
@@ -210,7 +207,7 @@ def load_rules_or_last_good(
     """(rules, error): like load_rules, but a broken overrides file (FOXHUNT_ALERT_RULES) does not stop
     alerting: the rules it gave last (or, never good, the catalog's own) are used, and `error` says
     what is wrong in it (YAML errors name the line). A broken packaged catalog still raises."""
-    chosen = os.environ.get(OVERRIDES_ENV, "") if overrides is None else str(overrides)
+    chosen = "" if overrides is None else str(overrides)
     try:
         rules = load_rules(path, chosen)
     except RuleCatalogError as e:

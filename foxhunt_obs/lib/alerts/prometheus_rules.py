@@ -23,7 +23,7 @@ import string
 
 import yaml
 
-from foxhunt_obs.lib.alerts.catalog import Rule, _display, alert_name, format_duration, load_rules
+from foxhunt_obs.lib.alerts.catalog import Rule, _display, alert_name, format_duration
 
 __all__ = [
     "TemplateConversionError",
@@ -120,9 +120,8 @@ def exported(rules: list[Rule]) -> list[Rule]:
     return [r for r in rules if r.enabled and r.promql is not None]
 
 
-def alerting_rules(rules: list[Rule] | None = None) -> dict:
-    """The Prometheus rules file as a dict (rules default: `load_rules()`, overrides included)."""
-    rules = load_rules() if rules is None else rules
+def alerting_rules(rules: list[Rule]) -> dict:
+    """The Prometheus rules file of `rules` (load_rules' result, overrides applied) as a dict."""
     group = {"name": GROUP, "interval": INTERVAL, "rules": [alerting_rule(r) for r in exported(rules)]}
     return {"groups": [group]}
 

@@ -13,7 +13,6 @@ import pandas as pd
 
 from foxhunt_obs.lib.analysis.allocation import SQL_DIR
 from foxhunt_obs.lib.delivery.weekly_report import WeeklyReportData
-from foxhunt_obs.lib.settings import activity_basis
 
 
 @cache
@@ -28,8 +27,9 @@ def _frame(con: duckdb.DuckDBPyConnection, name: str, first: date, last: date) -
 
 
 def weekly_report_data(
-    con: duckdb.DuckDBPyConnection, week_start: date, alerts: pd.DataFrame | None = None
+    con: duckdb.DuckDBPyConnection, week_start: date, activity_basis: str, alerts: pd.DataFrame | None = None
 ) -> WeeklyReportData:
+    """The week's figures; activity_basis (util or sm) is the headline's basis of active GPU-hours."""
     if week_start.weekday() != 0:
         raise ValueError(f"weekly report: {week_start} is not a Monday (weeks start Monday 00:00 UTC)")
     last = week_start + timedelta(days=6)
@@ -60,5 +60,5 @@ def weekly_report_data(
         outcomes=_frame(con, "outcomes", week_start, last),
         totals=totals,
         alerts=alerts,
-        activity_basis=activity_basis(),
+        activity_basis=activity_basis,
     )

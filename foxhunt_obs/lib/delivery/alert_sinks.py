@@ -4,8 +4,8 @@
 Each sink has ``name`` (``alertmanager``, ``slack``, ``webhook``, ``lake``), ``target`` (its URL or channel,
 credentials cut out) and ``send(notifications)``, which returns when the sink accepted all of them and
 raises ``AlertSinkError`` (naming the sink and its target, never a secret; the cause's traceback chain cut)
-when it did not. ``sinks_from_env`` builds the configured ones (``FOXHUNT_ALERTMANAGER_URL``,
-``FOXHUNT_ALERT_SLACK_CHANNEL``, ``FOXHUNT_ALERT_WEBHOOK_URL``; the lake sink always, last); ``deliver_all``
+when it did not. ``configured_sinks`` builds the configured ones (the ``alerting`` resource's Alertmanager
+URL, Slack channel and webhook URL; the lake sink always, last); ``deliver_all``
 tries every sink, in order, and says which accepted. HTTP sinks: a bounded timeout, bounded retries on
 connection errors and 5xx (sending again is harmless everywhere: Alertmanager merges by label set, the lake
 de-duplicates, the webhook's body is the same bytes), a 4xx at once with the server's own message.
@@ -26,8 +26,8 @@ no one again). Alertmanager never re-opens a resolved alert from a re-sent resol
 from a later firing notification with the same labels, so a sender must never replay an old firing
 notification after its resolution.
 
-**Slack** (a ``slack_sdk`` WebClient from the caller: in Dagster the ``slack`` resource's, else
-``slack_client.slack_web_client`` from ``SLACK_BOT_TOKEN`` and ``FOXHUNT_REPORT_SLACK_API_URL``; scope
+**Slack** (a ``slack_sdk`` WebClient from the caller: in Dagster the ``slack`` resource's, built by
+``slack_client.slack_web_client``; scope
 ``chat:write``, the bot a member of the channel): one ``chat.postMessage`` per notification,
 🔥 firing / ✅ resolved, the summary, the labels, the value, a link into Dagster.
 
@@ -84,11 +84,9 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from foxhunt_obs.lib.delivery.send import _failure, _scrub
-from foxhunt_obs.lib.delivery.slack_client import slack_web_client
 from foxhunt_obs.lib.lake import Lake, LakeError
-from foxhunt_obs.lib.redact import mask_path_tokens
+from foxhunt_obs.lib.redact import mask_path_tokens, remember
 from foxhunt_obs.lib.schemas import ALERTS
-from foxhunt_obs.lib.settings import env
 
 log = logging.getLogger(__name__)
 
@@ -444,6 +442,7 @@ class WebhookSink:
             raise AlertSinkError(
                 self.name, self.target, "FOXHUNT_ALERT_WEBHOOK_SECRET is empty: set the signing secret"
             )
+        remember(secret)
         self._secret = secret
         self.timeout = timeout
         self.retries = retries
@@ -569,29 +568,33 @@ class LakeAlertSink:
 
 
 # -- configuration and the one entry point -------------------------------------------------------------------
-def dagster_link(path: str = "") -> str:
-    """``FOXHUNT_DAGSTER_URL`` joined with a UI path (``/assets/gpu_hourly``): the alerts' generator URL."""
-    base = env("FOXHUNT_DAGSTER_URL").strip().rstrip("/")
-    return f"{base}/{path.lstrip('/')}" if path else base
-
-
-def sinks_from_env(lake: Lake, slack_client: Callable[[], WebClient] = slack_web_client) -> list:
-    """The configured sinks, in delivery order: Alertmanager, Slack, webhook, then the lake (always).
-    ``slack_client`` makes the Slack client (Dagster passes its ``slack`` resource's ``get_client``),
-    called only when FOXHUNT_ALERT_SLACK_CHANNEL is set. Raises AlertSinkError for a half-configured sink
-    (Slack channel without token, webhook without secret, a URL that is not http(s)) before anything is
-    sent."""
+def configured_sinks(
+    lake: Lake,
+    *,
+    alertmanager_url: str = "",
+    slack_channel: str = "",
+    webhook_url: str = "",
+    webhook_secret: str = "",
+    slack_client: Callable[[], WebClient] | None = None,
+) -> list:
+    """The configured sinks, in delivery order: Alertmanager, Slack, webhook, then the lake (always); an
+    empty URL or channel is a sink not configured. ``slack_client`` makes the Slack client (Dagster passes
+    its ``slack`` resource's ``get_client``), called only when a channel is set. Raises AlertSinkError for a
+    half-configured sink (Slack channel without token, webhook without secret, a URL that is not http(s))
+    before anything is sent."""
     sinks: list = []
-    url = env("FOXHUNT_ALERTMANAGER_URL").strip()
-    if url:
-        sinks.append(AlertmanagerSink(_http_url("alertmanager", url, "FOXHUNT_ALERTMANAGER_URL")))
-    channel = env("FOXHUNT_ALERT_SLACK_CHANNEL").strip()
+    if alertmanager_url.strip():
+        url = _http_url("alertmanager", alertmanager_url.strip(), "FOXHUNT_ALERTMANAGER_URL")
+        sinks.append(AlertmanagerSink(url))
+    channel = slack_channel.strip()
     if channel:
-        sinks.append(SlackAlertSink(channel, slack_client()))
-    url = env("FOXHUNT_ALERT_WEBHOOK_URL").strip()
-    if url:
-        url = _http_url("webhook", url, "FOXHUNT_ALERT_WEBHOOK_URL")
-        sinks.append(WebhookSink(url, env("FOXHUNT_ALERT_WEBHOOK_SECRET")))
+        client = slack_client() if slack_client is not None else None
+        if client is None:
+            raise AlertSinkError("slack", channel, "no Slack client: SLACK_BOT_TOKEN is empty")
+        sinks.append(SlackAlertSink(channel, client))
+    if webhook_url.strip():
+        url = _http_url("webhook", webhook_url.strip(), "FOXHUNT_ALERT_WEBHOOK_URL")
+        sinks.append(WebhookSink(url, webhook_secret))
     sinks.append(LakeAlertSink(lake))
     return sinks
 
@@ -628,11 +631,10 @@ __all__ = [
     "Notification",
     "SlackAlertSink",
     "WebhookSink",
-    "dagster_link",
+    "configured_sinks",
     "deliver_all",
     "notification_dict",
     "sign",
-    "sinks_from_env",
     "slack_alert_text",
     "transition_time",
 ]

@@ -1,7 +1,8 @@
 """Deliver the weekly cost report where it is configured: by e-mail (SMTP) and to a Slack channel.
 
-Both sinks are optional and configured from the environment (``FOXHUNT_REPORT_*``, ``SLACK_BOT_TOKEN``; see
-``settings.py``), read when ``deliver`` is called. Nothing configured: nothing is sent.
+Both sinks are optional; the caller hands their settings over as a ``ReportDelivery`` (in Dagster the
+``report`` resource's, its fields the ``FOXHUNT_REPORT_*`` settings) and a Slack client maker (the ``slack``
+resource's). Nothing configured: nothing is sent.
 
 * E-mail: one ``multipart/mixed`` message holding a ``multipart/alternative`` (the Markdown as plain text,
   its inline charts replaced by the names of the attached files; the self-contained HTML page) and, for mail
@@ -36,15 +37,13 @@ from email.utils import formataddr, formatdate, getaddresses, make_msgid
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from foxhunt_obs.lib.delivery.slack_client import slack_web_client
+from foxhunt_obs.lib import settings
 from foxhunt_obs.lib.delivery.weekly_report import NO_VALUE, Report, money, pct
-from foxhunt_obs.lib.settings import env
+from foxhunt_obs.lib.redact import remember
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0  # one SMTP socket operation (Slack's: slack_client.TIMEOUT_S)
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
 class DeliveryError(RuntimeError):
@@ -87,68 +86,79 @@ class SlackConfig:
         return self.client.base_url
 
 
-def _flag(name: str) -> bool:
-    value = env(name).strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise DeliveryError({"config": f"{name} must be 1 or 0, got {value!r}"})
-
-
 def _address(value: str) -> str:
     """The bare address of "Name <a@b>" or "a@b"; "" when there is none."""
     parsed = getaddresses([value]) if value else []
     return parsed[0][1].strip() if parsed else ""
 
 
-def email_config() -> EmailConfig | None:
-    """The SMTP settings, or None when FOXHUNT_REPORT_SMTP_HOST is empty (no e-mail)."""
-    host = env("FOXHUNT_REPORT_SMTP_HOST").strip()
+@dataclass(frozen=True)
+class ReportDelivery:
+    """Where the report goes, as configured (the values of the FOXHUNT_REPORT_* settings; empty host: no
+    e-mail, empty channel: no Slack). Checked by ``email_config`` and ``slack_config``."""
+
+    smtp_host: str = ""
+    smtp_port: str = "587"
+    smtp_user: str = ""
+    smtp_password: str = field(default="", repr=False)
+    smtp_starttls: str = "1"
+    email_from: str = ""
+    email_to: str = ""
+    slack_channel: str = ""
+
+
+def email_config(d: ReportDelivery) -> EmailConfig | None:
+    """The SMTP settings, checked, or None when there is no SMTP host (no e-mail)."""
+    host = d.smtp_host.strip()
     if not host:
         return None
 
     def bad(message: str) -> DeliveryError:
         return DeliveryError({"email": f"email via SMTP {host}: {message}"})
 
-    raw_port = env("FOXHUNT_REPORT_SMTP_PORT").strip()
+    raw_port = d.smtp_port.strip()
     try:
         port = int(raw_port)
     except ValueError:
         raise bad(f"FOXHUNT_REPORT_SMTP_PORT must be a port number, got {raw_port!r}") from None
     if not 0 < port < 65536:
         raise bad(f"FOXHUNT_REPORT_SMTP_PORT must be a port number, got {port}")
-    user = env("FOXHUNT_REPORT_SMTP_USER").strip()
-    parsed = [(name, addr.strip()) for name, addr in getaddresses([env("FOXHUNT_REPORT_EMAIL_TO")])]
+    user = d.smtp_user.strip()
+    parsed = [(name, addr.strip()) for name, addr in getaddresses([d.email_to])]
     parsed = [(name, addr) for name, addr in parsed if name or addr]
     wrong = [formataddr(p) for p in parsed if "@" not in p[1]]
     if wrong:
         raise bad(f"FOXHUNT_REPORT_EMAIL_TO holds something that is not an address: {wrong}")
     if not parsed:
         raise bad("FOXHUNT_REPORT_EMAIL_TO is empty: say who receives the report (comma-separated)")
-    sender = env("FOXHUNT_REPORT_EMAIL_FROM").strip() or (user if "@" in user else "")
+    sender = d.email_from.strip() or (user if "@" in user else "")
     if "@" not in _address(sender):
         raise bad("FOXHUNT_REPORT_EMAIL_FROM is empty or not an address (and the SMTP user is no address)")
+    try:
+        starttls = settings.flag("FOXHUNT_REPORT_SMTP_STARTTLS", d.smtp_starttls)
+    except ValueError as e:
+        raise DeliveryError({"config": str(e)}) from None
+    remember(d.smtp_password)
     return EmailConfig(
         host=host,
         port=port,
         user=user,
-        password=env("FOXHUNT_REPORT_SMTP_PASSWORD"),
-        starttls=_flag("FOXHUNT_REPORT_SMTP_STARTTLS"),
+        password=d.smtp_password,
+        starttls=starttls,
         sender=sender,
         to=tuple(formataddr(p) for p in parsed),
         recipients=tuple(addr for _, addr in parsed),
     )
 
 
-def slack_config(slack_client: Callable[[], WebClient] = slack_web_client) -> SlackConfig | None:
-    """The Slack settings, or None when FOXHUNT_REPORT_SLACK_CHANNEL is empty (no Slack, and no client
-    built). ``slack_client`` makes the client (Dagster passes its ``slack`` resource's ``get_client``)."""
-    channel = env("FOXHUNT_REPORT_SLACK_CHANNEL").strip()
+def slack_config(d: ReportDelivery, slack_client: Callable[[], WebClient] | None) -> SlackConfig | None:
+    """The Slack settings, or None when there is no report channel (no Slack, and no client built).
+    ``slack_client`` makes the client (Dagster passes its ``slack`` resource's ``get_client``)."""
+    channel = d.slack_channel.strip()
     if not channel:
         return None
-    client = slack_client()
-    if not client.token:
+    client = slack_client() if slack_client is not None else None
+    if client is None or not client.token:
         raise DeliveryError({"slack": f"slack {channel}: SLACK_BOT_TOKEN is empty"})
     return SlackConfig(channel=channel, client=client)
 
@@ -158,17 +168,18 @@ def deliver(
     report: Report,
     week_start: date,
     link: str | None = None,
-    slack_client: Callable[[], WebClient] = slack_web_client,
+    delivery: ReportDelivery = ReportDelivery(),
+    slack_client: Callable[[], WebClient] | None = None,
 ) -> list[str]:
     """Send the report to every configured sink; returns what was done ("email to a@b, c@d",
     "slack #costs"), [] when nothing is configured. link: an http(s) URL to the report (the Dagster UI),
-    added to the e-mail and the Slack message. slack_client: makes the Slack client, called only when
-    FOXHUNT_REPORT_SLACK_CHANNEL is set. Raises DeliveryError (configuration checked before anything
+    added to the e-mail and the Slack message. delivery: the sinks' settings. slack_client: makes the Slack
+    client, called only when a report channel is set. Raises DeliveryError (configuration checked before anything
     is sent; then every sink is tried and the failures are raised together)."""
     week = week_start.date() if isinstance(week_start, datetime) else week_start
     link = link if link and re.match(r"https?://", link) else None
-    email = email_config()
-    slack = slack_config(slack_client)
+    email = email_config(delivery)
+    slack = slack_config(delivery, slack_client)
     done: list[str] = []
     failures: dict[str, str] = {}
     if email is not None:

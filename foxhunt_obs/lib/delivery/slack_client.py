@@ -12,7 +12,8 @@ import time
 from slack_sdk import WebClient
 from slack_sdk.http_retry import ConnectionErrorRetryHandler, RateLimitErrorRetryHandler
 
-from foxhunt_obs.lib.settings import env
+from foxhunt_obs.lib.redact import remember
+from foxhunt_obs.lib.settings import default
 
 # one HTTP request; an alert sensor tick (60 s) must survive a hanging Slack plus the retries
 TIMEOUT_S = 10
@@ -20,6 +21,7 @@ RETRIES = 2  # extra attempts after a connection error or a 429
 # a longer Retry-After is cut to this: a sensor tick must end inside Dagster's 60 s (sensors.py), and
 # a sink that gave up is tried again next tick anyway
 MAX_RETRY_AFTER_S = 10.0
+SLACK_API_URL = default("FOXHUNT_REPORT_SLACK_API_URL")
 
 
 class CappedRateLimitRetry(RateLimitErrorRetryHandler):
@@ -38,13 +40,13 @@ class CappedRateLimitRetry(RateLimitErrorRetryHandler):
         state.increment_current_attempt()
 
 
-def slack_web_client(token: str = "", api_url: str = "") -> WebClient:
-    """A WebClient with the timeout and the retry handlers. An empty ``token`` is read from SLACK_BOT_TOKEN,
-    an empty ``api_url`` from FOXHUNT_REPORT_SLACK_API_URL (default Slack's), both now, not at import.
-    The token may come out empty: the sinks check ``client.token`` and name the missing setting."""
+def slack_web_client(token: str, api_url: str = SLACK_API_URL) -> WebClient:
+    """A WebClient with the timeout and the retry handlers. The token may be empty: the sinks check
+    ``client.token`` and name the missing setting."""
+    remember(token.strip())
     return WebClient(
-        token=token.strip() or env("SLACK_BOT_TOKEN").strip(),
-        base_url=api_url.strip() or env("FOXHUNT_REPORT_SLACK_API_URL").strip(),
+        token=token.strip(),
+        base_url=api_url.strip() or SLACK_API_URL,
         timeout=TIMEOUT_S,
         retry_handlers=[
             ConnectionErrorRetryHandler(max_retry_count=RETRIES),

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import requests
 
-from foxhunt_obs.lib.redact import redact_url, scrub
+from foxhunt_obs.lib.redact import redact_url, remember, scrub
 
 # Databricks rejects get-history pages above 25,000; the OSS server takes any size (1e10 tried) but
 # pages by OFFSET, so bigger pages would only save round trips on keys longer than this.
@@ -85,6 +85,22 @@ class MlflowRun:
     latest_steps: dict[str, int] = field(default_factory=dict)  # key -> step of its latest metric (max step)
 
 
+@dataclass(frozen=True)
+class MlflowAuth:
+    """Auth and TLS of foxhunt_obs's own REST calls: the values MLflow's client takes from its
+    MLFLOW_TRACKING_* variables (basic auth over the bearer token, as MLflow does)."""
+
+    username: str = ""
+    password: str = field(default="", repr=False)
+    token: str = field(default="", repr=False)
+    insecure_tls: bool = False
+    server_cert_path: str = ""
+    client_cert_path: str = ""
+
+    def __post_init__(self) -> None:
+        remember(self.password, self.token)
+
+
 class MlflowSource:
     """Runs and metric histories of an MLflow tracking server, or of its SQL store directly.
 
@@ -102,6 +118,7 @@ class MlflowSource:
         timeout_s: float = 60.0,
         retries: int = 3,
         page_size: int = 1000,
+        auth: MlflowAuth | None = None,
     ):
         if isinstance(experiments, str):  # a bare name would be read as a list of letters
             experiments = [experiments]
@@ -114,7 +131,7 @@ class MlflowSource:
         self.page_size = page_size
         self._uri = redact_url(self.tracking_uri)
         self._engine = None
-        self._http = _http_settings()
+        self._http = _http_settings(auth or MlflowAuth())
 
     # -- experiments and runs --------------------------------------------------------------------
     def experiments(self) -> dict[str, str]:
@@ -627,26 +644,18 @@ def _dt(ms) -> datetime | None:
     return datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
 
 
-def _http_settings() -> dict:
-    """Auth and TLS for our own REST calls, from the variables MLflow itself reads."""
-    env = os.environ.get
+def _http_settings(auth: MlflowAuth) -> dict:
+    """Headers and TLS options for our own REST calls."""
     headers = {"Accept-Encoding": "identity"}  # loopback/LAN: gzip would cost the server more CPU
-    user, password, token = (
-        env("MLFLOW_TRACKING_USERNAME"),
-        env("MLFLOW_TRACKING_PASSWORD"),
-        env("MLFLOW_TRACKING_TOKEN"),
-    )
-    if user and password:  # MLflow's precedence: basic over bearer
-        headers["Authorization"] = (
-            "Basic " + base64.standard_b64encode(f"{user}:{password}".encode()).decode()
-        )
-    elif token:
-        headers["Authorization"] = f"Bearer {token}"
-    insecure = (env("MLFLOW_TRACKING_INSECURE_TLS") or "").lower() in ("true", "1")
+    if auth.username and auth.password:  # MLflow's precedence: basic over bearer
+        basic = base64.standard_b64encode(f"{auth.username}:{auth.password}".encode()).decode()
+        headers["Authorization"] = "Basic " + basic
+    elif auth.token:
+        headers["Authorization"] = f"Bearer {auth.token}"
     return {
         "headers": headers,
-        "verify": False if insecure else (env("MLFLOW_TRACKING_SERVER_CERT_PATH") or True),
-        "cert": env("MLFLOW_TRACKING_CLIENT_CERT_PATH") or None,
+        "verify": False if auth.insecure_tls else (auth.server_cert_path or True),
+        "cert": auth.client_cert_path or None,
     }
 
 

@@ -28,7 +28,7 @@ import pyarrow.csv as pacsv
 import requests
 import urllib3
 
-from foxhunt_obs.lib.redact import redact_url, scrub, split_userinfo
+from foxhunt_obs.lib.redact import redact_url, remember, scrub, split_userinfo
 
 _RETRY_STATUS = {502, 503, 504}  # a proxy's bad gateway / gateway timeout, an overloaded Prometheus
 _READ_S = 10.0  # the longest one socket read may wait (within the total deadline)
@@ -277,17 +277,8 @@ class PrometheusClient:
         self._session.auth = auth
         # identity by default: on a LAN, gzip costs Prometheus more CPU than it saves in transfer.
         self._session.headers["Accept-Encoding"] = "gzip" if gzip else "identity"
+        remember(bearer_token)
         self._headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
-
-    @classmethod
-    def from_settings(cls, s) -> PrometheusClient:
-        return cls(
-            s.prometheus_url,
-            timeout_s=s.prometheus_timeout_s,
-            gzip=s.prometheus_gzip,
-            max_points=s.prometheus_max_points,
-            bearer_token=s.prometheus_bearer_token,
-        )
 
     # -- requests with a total deadline ------------------------------------------------------------
     def _send(self, path: str, params: dict, on_chunk, describe) -> None:

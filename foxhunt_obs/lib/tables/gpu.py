@@ -18,7 +18,7 @@ from foxhunt_obs.lib.analysis.gpu_series import (
 )
 from foxhunt_obs.lib.lake import Lake, shrink_reason
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES, TableSpec
-from foxhunt_obs.lib.settings import Settings
+from foxhunt_obs.lib.settings import ClusterSettings
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput, md_table
 
@@ -48,7 +48,7 @@ def gpu_samples(
     lake: Lake,
     client: PrometheusClient,
     catalog: Catalog,
-    settings: Settings,
+    settings: ClusterSettings,
     hours: Sequence[datetime],
     allow_fewer_rows: bool = False,
 ) -> Built:
@@ -171,7 +171,7 @@ def node_samples(
     lake: Lake,
     client: PrometheusClient,
     catalog: Catalog,
-    settings: Settings,
+    settings: ClusterSettings,
     hours: Sequence[datetime],
     allow_fewer_rows: bool = False,
 ) -> Built:

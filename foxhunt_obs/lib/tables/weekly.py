@@ -6,13 +6,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import date, timedelta
+from typing import TYPE_CHECKING
 
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import COST_ALLOCATION, COSTS_DAILY, OUTCOME_PER_DOLLAR, UTILIZATION_PER_DOLLAR
 from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput
 
+if TYPE_CHECKING:
+    from foxhunt_obs.lib.delivery.send import ReportDelivery
 
-def weekly_cost_report(lake: Lake, week_start: date, slack_client: Callable | None = None) -> Built:
+
+def weekly_cost_report(
+    lake: Lake,
+    week_start: date,
+    activity_basis: str,
+    delivery: ReportDelivery,
+    slack_client: Callable | None = None,
+) -> Built:
+    """The report on activity_basis (util or sm), sent where `delivery` says (Slack through slack_client)."""
     # imported here: matplotlib costs ~1 s, which every code-location load would pay otherwise
     from foxhunt_obs.lib.analysis.weekly import weekly_report_data
     from foxhunt_obs.lib.delivery.send import DeliveryError, deliver
@@ -20,7 +31,7 @@ def weekly_cost_report(lake: Lake, week_start: date, slack_client: Callable | No
 
     con = lake.connect([UTILIZATION_PER_DOLLAR, COST_ALLOCATION, OUTCOME_PER_DOLLAR, COSTS_DAILY])
     try:
-        data = weekly_report_data(con, week_start)
+        data = weekly_report_data(con, week_start, activity_basis)
     finally:
         con.close()
     if data.daily.empty:
@@ -41,7 +52,7 @@ def weekly_cost_report(lake: Lake, week_start: date, slack_client: Callable | No
     summary.update({k: round(float(v), 4) for k, v in report.figures.items() if v == v})
     error = None
     try:
-        sent, failures = deliver(report, week_start, slack_client=slack_client), {}
+        sent, failures = deliver(report, week_start, delivery=delivery, slack_client=slack_client), {}
     except DeliveryError as e:
         sent, failures, error = e.delivered, e.failures, str(e)
     summary["delivered_to"] = ", ".join(sent) or "no sink configured"

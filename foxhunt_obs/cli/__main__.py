@@ -1,0 +1,5 @@
+import sys
+
+from foxhunt_obs.cli import main
+
+sys.exit(main())

@@ -1,0 +1,66 @@
+"""`foxhunt-obs sandbox up|down|status|env`: the local stack of real servers (DESIGN §8)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+STATE_DIR = Path(".foxhunt/sandbox")
+DEFAULT_PORT = 19090
+MLFLOW_PORT = 15000
+MOTO_PORT = 15005
+
+
+def sandbox(args) -> int:
+    from foxhunt_obs.sandbox import mlflow_server, moto_server
+    from foxhunt_obs.sandbox import prometheus as sandbox
+
+    if args.action == "up":
+        info = up(args)
+        print(f"sandbox up, scenario {info['scenario']} {info['start']} .. {info['end']}:")
+        print(f"  Prometheus {info['url']} (backfilled history; live fake exporter {info['exporter_url']})")
+        print(f"  MLflow {info['mlflow_url']}")
+        print(f"  AWS (moto: FSx, CloudWatch, S3 with CUR 2.0, Cost Explorer, Budgets) {info['aws_url']}")
+        print('  eval "$(foxhunt-obs sandbox env)" points a shell at all three')
+    elif args.action == "down":
+        sandbox.down(args.state_dir)
+        print("sandbox down")
+    elif args.action == "status":
+        info = sandbox.status(args.state_dir)
+        ml = mlflow_server.mlflow_status(args.state_dir)
+        aws = moto_server.moto_status(args.state_dir)
+        print(
+            json.dumps({"prometheus": info, "mlflow": ml, "aws": aws}, indent=2, default=str)
+            if info
+            else "sandbox not running"
+        )
+        return 0 if info and ml and aws else 1
+    else:  # env: for eval "$(foxhunt-obs sandbox env)"
+        info, ml = sandbox.status(args.state_dir), mlflow_server.mlflow_status(args.state_dir)
+        aws = moto_server.moto_status(args.state_dir)
+        if not info or not ml or not aws:
+            print("sandbox not running", file=sys.stderr)
+            return 1
+        env = {"FOXHUNT_PROMETHEUS_URL": info["url"], "MLFLOW_TRACKING_URI": ml["url"]}
+        env.update(moto_server.sandbox_env(aws))
+        print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+    return 0
+
+
+def up(args) -> dict:
+    """Prometheus (with the live exporter) first: its up() clears the run dir the others' files go in."""
+    from foxhunt_obs.sandbox import prometheus as sandbox
+    from foxhunt_obs.sandbox.mlflow_server import up_mlflow
+    from foxhunt_obs.sandbox.moto_server import sandbox_env, up_moto
+
+    info = sandbox.up(args.scenario, args.state_dir, args.port)
+    try:
+        info["mlflow_url"] = up_mlflow(args.scenario, args.state_dir, args.mlflow_port)["url"]
+        aws = up_moto(args.scenario, args.state_dir, args.moto_port)
+        info["aws_url"], info["aws_env"] = aws["endpoint_url"], sandbox_env(aws)
+    except BaseException:
+        sandbox.down(args.state_dir)
+        raise
+    return info
