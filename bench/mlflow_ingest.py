@@ -103,7 +103,7 @@ def _write_store(tmp: Path) -> None:
 
 
 def _server(store_dir: Path, workdir: Path, workers: int):
-    from foxhunt_obs.sandbox.mlflow_server import MlflowServer
+    from foxhunt_obs.sandbox.servers.mlflow_server import MlflowServer
 
     class Server(MlflowServer):  # the sandbox's server, with a worker count
         def command(self) -> list[str]:

@@ -55,8 +55,8 @@ def method(name: str, url: str) -> dict:
     """Run one method in this process; return seconds, points and peak RSS. Imports are not timed."""
     from prometheus_api_client import MetricRangeDataFrame, PrometheusConnect
 
-    from foxhunt_obs.lib.analysis.catalog import load_catalog
-    from foxhunt_obs.lib.analysis.gpu_series import Window, collect_gpu_samples
+    from foxhunt_obs.lib.ingest.gpu_series import Window, collect_gpu_samples
+    from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
     from foxhunt_obs.lib.lake import Lake
     from foxhunt_obs.lib.schemas import GPU_SAMPLES
     from foxhunt_obs.lib.sources.prometheus import PrometheusClient, split_windows
@@ -102,8 +102,8 @@ def run_in_subprocess(name: str, url: str) -> dict:
 
 
 def main() -> None:
-    from foxhunt_obs.sandbox.prometheus import PrometheusServer, build_tsdb, copy_tsdb
-    from foxhunt_obs.sandbox.scenario import parse_scenario
+    from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer, build_tsdb, copy_tsdb
+    from foxhunt_obs.sandbox.story.scenario import parse_scenario
 
     scenario = parse_scenario(SCENARIO, "bench")
     cache = RESULTS / "tmp"

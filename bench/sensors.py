@@ -101,7 +101,7 @@ def tick_times() -> list[datetime]:
 
 
 def prometheus_rules():
-    from foxhunt_obs.lib.alerts.catalog import load_rules
+    from foxhunt_obs.lib.alerts.rules import load_rules
 
     return [r for r in load_rules(overrides="") if r.enabled and r.source == "prometheus"]
 
@@ -111,9 +111,9 @@ def run_ours(url: str) -> dict:
     """engine.tick at every evaluation time, the cursor carried along; every instant query timed."""
     import prometheus_api_client  # noqa: F401 - the client imports it lazily on the first query
 
-    from foxhunt_obs.lib.alerts.catalog import load_rules
     from foxhunt_obs.lib.alerts.collect import Sources
     from foxhunt_obs.lib.alerts.engine import tick
+    from foxhunt_obs.lib.alerts.rules import load_rules
     from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 
     log: list[tuple[str, float, int]] = []
@@ -264,8 +264,8 @@ def prometheus_version() -> str:
 def main() -> None:
     import prometheus_api_client  # noqa: F401 - only to fail early when it is missing
 
-    from foxhunt_obs.sandbox.prometheus import PrometheusServer, build_tsdb, copy_tsdb
-    from foxhunt_obs.sandbox.scenario import parse_scenario
+    from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer, build_tsdb, copy_tsdb
+    from foxhunt_obs.sandbox.story.scenario import parse_scenario
 
     t_bench = time.perf_counter()
     scenario = parse_scenario(SCENARIO, "bench/sensors.py")

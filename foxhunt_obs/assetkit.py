@@ -11,9 +11,9 @@ import dagster as dg
 import numpy as np
 
 from foxhunt_obs.defs.failures import failure
-from foxhunt_obs.lib.analysis.gpu_series import IngestError
-from foxhunt_obs.lib.analysis.mig import MigError
 from foxhunt_obs.lib.analysis.prices import PriceError
+from foxhunt_obs.lib.ingest.gpu_series import IngestError
+from foxhunt_obs.lib.ingest.mig import MigError
 from foxhunt_obs.lib.lake import LakeError
 from foxhunt_obs.lib.sources.budgets import BudgetsError
 from foxhunt_obs.lib.sources.cost_explorer import CostExplorerError

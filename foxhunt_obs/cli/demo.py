@@ -7,7 +7,7 @@ import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from foxhunt_obs.cli import config
+import foxhunt_obs.cli.config as config
 from foxhunt_obs.cli.jobs import ensure_dagster_home, run_job
 from foxhunt_obs.cli.sandbox import up
 from foxhunt_obs.cli.summaries import costs_summary, summary, training_summary, weekly_summary
@@ -18,16 +18,16 @@ def alerts_replay(
 ) -> tuple[str, bool]:
     """The alert sensor's code replayed over [start, end] as if it had ticked every `every_s` seconds,
     notifying a local Alertmanager and the alerts table: what arrived, in order, and whether every
-    incident the scenario injected there was found (sandbox/expected_alerts.py). The tick at `end` sees
+    incident the scenario injected there was found (sandbox/story/expected_alerts.py). The tick at `end` sees
     the last day's costs complete (a cost spike the day before resolves there)."""
-    from foxhunt_obs.lib.alerts.catalog import load_rules
     from foxhunt_obs.lib.alerts.collect import Sources
     from foxhunt_obs.lib.alerts.engine import replay
+    from foxhunt_obs.lib.alerts.rules import load_rules
     from foxhunt_obs.lib.delivery.alert_sinks import AlertmanagerSink, LakeAlertSink
     from foxhunt_obs.lib.sources.fsx import FsxSource
-    from foxhunt_obs.sandbox import expected_alerts
-    from foxhunt_obs.sandbox.alertmanager import AlertmanagerServer
-    from foxhunt_obs.sandbox.scenario import load_scenario
+    from foxhunt_obs.sandbox.servers.alertmanager import AlertmanagerServer
+    from foxhunt_obs.sandbox.story import expected_alerts
+    from foxhunt_obs.sandbox.story.scenario import load_scenario
 
     aws, lake = config.aws(), config.lake()
     sources = Sources(
@@ -83,7 +83,7 @@ def alerts_replay(
 
 
 def run_demo(args) -> int:
-    from foxhunt_obs.sandbox import prometheus as sandbox
+    from foxhunt_obs.sandbox.servers import prometheus as sandbox
 
     ensure_dagster_home()
     info = up(args)

@@ -45,11 +45,11 @@ def export_rules(out: Path) -> list[Path]:
     overridden by FOXHUNT_ALERT_RULES), each as a Prometheus rules file and as a PrometheusRule
     (prometheus-operator)."""
 
-    from foxhunt_obs.cli import config
+    import foxhunt_obs.cli.config as config
     from foxhunt_obs.lib.alerts import prometheus_rules as alerting
-    from foxhunt_obs.lib.alerts.catalog import load_rules
-    from foxhunt_obs.lib.analysis.catalog import load_catalog
-    from foxhunt_obs.lib.analysis.recording_rules import recording_rules, render
+    from foxhunt_obs.lib.alerts.rules import load_rules
+    from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
+    from foxhunt_obs.lib.ingest.recording_rules import recording_rules, render
 
     cluster = config.cluster()
     rules = recording_rules(load_catalog(), cluster.node_labels, cluster.exporter_containers)

@@ -14,8 +14,8 @@ MOTO_PORT = 15005
 
 
 def sandbox(args) -> int:
-    from foxhunt_obs.sandbox import mlflow_server, moto_server
-    from foxhunt_obs.sandbox import prometheus as sandbox
+    from foxhunt_obs.sandbox.servers import mlflow_server, moto_server
+    from foxhunt_obs.sandbox.servers import prometheus as sandbox
 
     if args.action == "up":
         info = up(args)
@@ -51,9 +51,9 @@ def sandbox(args) -> int:
 
 def up(args) -> dict:
     """Prometheus (with the live exporter) first: its up() clears the run dir the others' files go in."""
-    from foxhunt_obs.sandbox import prometheus as sandbox
-    from foxhunt_obs.sandbox.mlflow_server import up_mlflow
-    from foxhunt_obs.sandbox.moto_server import sandbox_env, up_moto
+    from foxhunt_obs.sandbox.servers import prometheus as sandbox
+    from foxhunt_obs.sandbox.servers.mlflow_server import up_mlflow
+    from foxhunt_obs.sandbox.servers.moto_server import sandbox_env, up_moto
 
     info = sandbox.up(args.scenario, args.state_dir, args.port)
     try:

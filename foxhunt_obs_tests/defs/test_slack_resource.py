@@ -21,10 +21,10 @@ import yaml
 
 from foxhunt_obs.definitions import defs
 from foxhunt_obs.defs.resources import SlackBotResource
-from foxhunt_obs.lib.alerts.catalog import load_rules
+from foxhunt_obs.lib.alerts.rules import load_rules
 from foxhunt_obs.lib.lake import Lake
-from foxhunt_obs.sandbox.local_server import free_port
-from foxhunt_obs_tests.slack_standin import SlackStandIn
+from foxhunt_obs.sandbox.servers.local_server import free_port
+from foxhunt_obs.sandbox.servers.slack_standin import SlackStandIn
 
 TOKEN = "xoxb-0000-3333-resource-token-do-not-log"
 CHANNEL = "#gpu-costs"  # a channel the stand-in knows

@@ -13,7 +13,7 @@ import pytest
 import requests
 import yaml
 
-from foxhunt_obs.sandbox.prometheus import PROMTOOL, PrometheusServer
+from foxhunt_obs.sandbox.servers.prometheus import PROMTOOL, PrometheusServer
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "deploy" / "grafana"

@@ -15,7 +15,7 @@ import pytest
 import requests
 import yaml
 
-from foxhunt_obs.sandbox.local_server import free_port
+from foxhunt_obs.sandbox.servers.local_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "exporter" / "deploy"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from foxhunt_obs.sandbox.mlflow_server import build_store
-from foxhunt_obs.sandbox.prometheus import PrometheusServer, build_tsdb, copy_tsdb
-from foxhunt_obs.sandbox.scenario import load_scenario
+from foxhunt_obs.sandbox.servers.mlflow_server import build_store
+from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer, build_tsdb, copy_tsdb
+from foxhunt_obs.sandbox.story.scenario import load_scenario
 
 
 @pytest.fixture(scope="session")

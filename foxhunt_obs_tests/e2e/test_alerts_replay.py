@@ -10,9 +10,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from foxhunt_obs.lib.alerts.catalog import load_rules
 from foxhunt_obs.lib.alerts.collect import Sources
 from foxhunt_obs.lib.alerts.engine import replay
+from foxhunt_obs.lib.alerts.rules import load_rules
 from foxhunt_obs.lib.delivery.alert_sinks import AlertmanagerSink, LakeAlertSink
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import ALERTS
@@ -20,10 +20,10 @@ from foxhunt_obs.lib.sources.aws import AwsConfig
 from foxhunt_obs.lib.sources.fsx import FsxSource
 from foxhunt_obs.lib.sources.mlflow import MlflowSource
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-from foxhunt_obs.sandbox import expected_alerts
-from foxhunt_obs.sandbox.alertmanager import AlertmanagerServer
-from foxhunt_obs.sandbox.mlflow_server import MlflowServer, copy_store
-from foxhunt_obs.sandbox.moto_server import MotoServer, seed
+from foxhunt_obs.sandbox.servers.alertmanager import AlertmanagerServer
+from foxhunt_obs.sandbox.servers.mlflow_server import MlflowServer, copy_store
+from foxhunt_obs.sandbox.servers.moto_server import MotoServer, seed
+from foxhunt_obs.sandbox.story import expected_alerts
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -1,5 +1,5 @@
 """FSx metrics and costs end to end: the `small` scenario in a real Prometheus and a real moto server,
-real Dagster runs, the lake compared with the scenario's ground truth (sandbox/bills.py)."""
+real Dagster runs, the lake compared with the scenario's ground truth (sandbox/writers/bills.py)."""
 
 import json
 import os
@@ -16,8 +16,8 @@ import pytest
 from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY, COSTS_HOURLY, FSX_METRICS
-from foxhunt_obs.sandbox import bills
-from foxhunt_obs.sandbox.moto_server import CUR_URI, MotoServer, cur_keys, sandbox_env, seed
+from foxhunt_obs.sandbox.servers.moto_server import CUR_URI, MotoServer, cur_keys, sandbox_env, seed
+from foxhunt_obs.sandbox.writers import bills
 
 DAY = "2026-11-16"  # the small scenario: 2026-11-16T00:00..06:00Z
 HOURS = ("2026-11-16-00:00", "2026-11-16-05:00")

@@ -10,16 +10,16 @@ from decimal import Decimal
 
 import pytest
 
-from foxhunt_obs.lib.alerts.catalog import load_rules
 from foxhunt_obs.lib.alerts.collect import Sources
 from foxhunt_obs.lib.alerts.engine import replay
+from foxhunt_obs.lib.alerts.rules import load_rules
 from foxhunt_obs.lib.delivery.alert_sinks import AlertmanagerSink, LakeAlertSink
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import ALERTS
-from foxhunt_obs.sandbox import bills
-from foxhunt_obs.sandbox.alertmanager import AlertmanagerServer
-from foxhunt_obs.sandbox.moto_server import MotoServer, sandbox_env, seed
-from foxhunt_obs.sandbox.scenario import load_scenario
+from foxhunt_obs.sandbox.servers.alertmanager import AlertmanagerServer
+from foxhunt_obs.sandbox.servers.moto_server import MotoServer, sandbox_env, seed
+from foxhunt_obs.sandbox.story.scenario import load_scenario
+from foxhunt_obs.sandbox.writers import bills
 from foxhunt_obs_tests.e2e.test_aws_ingest import failure, run
 
 pytestmark = pytest.mark.timeout(600)

@@ -27,7 +27,7 @@ import dagster as dg
 import pytest
 import requests
 
-from foxhunt_obs.sandbox.local_server import free_port
+from foxhunt_obs.sandbox.servers.local_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LOCATION = "foxhunt_obs"

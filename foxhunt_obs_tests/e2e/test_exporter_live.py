@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from foxhunt_obs.lib.analysis.catalog import load_catalog
-from foxhunt_obs.lib.analysis.gpu_series import Window, collect_gpu_samples
+from foxhunt_obs.lib.ingest.gpu_series import Window, collect_gpu_samples
+from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-from foxhunt_obs.sandbox.prometheus import (
+from foxhunt_obs.sandbox.servers.prometheus import (
     EXPORTER_JOB,
     RECORDING_RULES,
     PrometheusServer,

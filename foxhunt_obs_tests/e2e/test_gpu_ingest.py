@@ -18,7 +18,8 @@ import pytest
 from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES, NODE_SAMPLES
-from foxhunt_obs.sandbox import bills, openmetrics, truth
+from foxhunt_obs.sandbox.story import truth
+from foxhunt_obs.sandbox.writers import bills, openmetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = "2026-11-16"

@@ -11,7 +11,7 @@ import dagster as dg
 from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES
-from foxhunt_obs.sandbox.prometheus import PrometheusServer
+from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer
 
 
 def _run(partition: str, run_config: dict | None = None) -> dg.ExecuteInProcessResult:
@@ -40,7 +40,9 @@ def test_an_empty_answer_does_not_replace_a_full_partition(small, prometheus, tm
         monkeypatch.setenv("FOXHUNT_PROMETHEUS_URL", empty.url)
         refused = _run(partition)
         assert not refused.success
-        message = "\n".join(e.step_failure_data.error.message for e in refused.all_events if e.is_step_failure)
+        message = "\n".join(
+            e.step_failure_data.error.message for e in refused.all_events if e.is_step_failure
+        )
         assert f"gpu_samples partition {key}: the source answered 0 rows where the lake has" in message
         assert "allow_fewer_rows" in message
         assert {s: f.read_bytes() for s, f in files.items()} == before  # untouched

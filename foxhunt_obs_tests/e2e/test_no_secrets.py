@@ -19,7 +19,7 @@ import dagster as dg
 import pytest
 
 from foxhunt_obs.definitions import defs
-from foxhunt_obs.sandbox.local_server import free_port
+from foxhunt_obs.sandbox.servers.local_server import free_port
 
 PROM_PW = "PromPw-7731-secret"
 SECRETS = {

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient, PrometheusError
-from foxhunt_obs.sandbox import truth
-from foxhunt_obs.sandbox.local_server import free_port
-from foxhunt_obs.sandbox.prometheus import PrometheusServer, copy_tsdb
+from foxhunt_obs.sandbox.servers.local_server import free_port
+from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer, copy_tsdb
+from foxhunt_obs.sandbox.story import truth
 
 UTIL = "last_over_time(DCGM_FI_DEV_GPU_UTIL[14999ms])"
 

@@ -24,16 +24,16 @@ from pathlib import Path
 
 import pytest
 
-from foxhunt_obs.lib.analysis.catalog import load_catalog
-from foxhunt_obs.lib.analysis.gpu_series import (
+from foxhunt_obs.lib.ingest.gpu_series import (
     Window,
     collect_gpu_samples,
     collect_node_samples,
     missing_core_columns,
 )
+from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-from foxhunt_obs.sandbox.local_server import free_port, kill_group
-from foxhunt_obs.sandbox.prometheus import PrometheusServer, start_fake_exporter
+from foxhunt_obs.sandbox.servers.local_server import free_port, kill_group
+from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer, start_fake_exporter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 REAL = FIXTURES / "dcgm"
@@ -321,7 +321,7 @@ def test_a_missing_activity_source_fails_the_check_in_a_real_dagster_run(tmp_pat
     from foxhunt_obs.definitions import defs
     from foxhunt_obs.lib.lake import Lake
     from foxhunt_obs.lib.schemas import GPU_HOURLY
-    from foxhunt_obs.sandbox.prometheus import PROMTOOL
+    from foxhunt_obs.sandbox.servers.prometheus import PROMTOOL
 
     page = (REAL / "dcgm-exporter-mig-a800-hostname-pre337.prom").read_text()
     t0 = 1794787200  # 2026-11-16T00:00:00Z

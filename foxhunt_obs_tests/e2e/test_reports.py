@@ -13,9 +13,10 @@ import pytest
 from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import COST_ALLOCATION, COSTS_DAILY, OUTCOME_PER_DOLLAR, UTILIZATION_PER_DOLLAR
-from foxhunt_obs.sandbox import bills, truth
-from foxhunt_obs.sandbox.mlflow_server import MlflowServer, copy_store
-from foxhunt_obs.sandbox.moto_server import MotoServer, sandbox_env, seed
+from foxhunt_obs.sandbox.servers.mlflow_server import MlflowServer, copy_store
+from foxhunt_obs.sandbox.servers.moto_server import MotoServer, sandbox_env, seed
+from foxhunt_obs.sandbox.story import truth
+from foxhunt_obs.sandbox.writers import bills
 
 DAY = "2026-11-16"  # the small scenario: Monday 2026-11-16T00:00..06:00Z
 WEEK = "2026-11-16"
@@ -266,8 +267,12 @@ def test_the_report_equals_the_tables(reported):
     # both activity bases, over the dollars each is known for (the GPU Operator nodes report SM activity)
     util_known = upd.allocated_usd.sum() - upd.unknown_activity_usd.sum()
     sm_known = upd.allocated_usd.sum() - upd.sm_unknown_activity_usd.sum()
-    assert meta["active_gpu_hours_per_usd"] == pytest.approx(upd.active_gpu_hours.sum() / util_known, abs=1e-4)
-    assert meta["sm_active_gpu_hours_per_usd"] == pytest.approx(upd.sm_active_gpu_hours.sum() / sm_known, abs=1e-4)
+    assert meta["active_gpu_hours_per_usd"] == pytest.approx(
+        upd.active_gpu_hours.sum() / util_known, abs=1e-4
+    )
+    assert meta["sm_active_gpu_hours_per_usd"] == pytest.approx(
+        upd.sm_active_gpu_hours.sum() / sm_known, abs=1e-4
+    )
     assert 0 < meta["sm_active_gpu_hours_per_usd"] < meta["active_gpu_hours_per_usd"]  # SM ≤ util here
     assert f"{meta['sm_active_gpu_hours_per_usd']:,.3f} by SM activity" in markdown
     assert "a hand-off at 14:20 charges the first pod 20 minutes" in markdown  # the split, in words
@@ -279,7 +284,7 @@ def test_the_report_is_mailed_when_smtp_is_configured(reported, monkeypatch):
 
     from aiosmtpd.controller import Controller
 
-    from foxhunt_obs.sandbox.local_server import free_port
+    from foxhunt_obs.sandbox.servers.local_server import free_port
 
     lake, results = reported
     assert (

@@ -13,8 +13,8 @@ from mlflow.tracking import MlflowClient
 from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import TRAINING_METRICS, TRAINING_RUNS
-from foxhunt_obs.sandbox import training
-from foxhunt_obs.sandbox.mlflow_server import MlflowServer, copy_store
+from foxhunt_obs.sandbox.servers.mlflow_server import MlflowServer, copy_store
+from foxhunt_obs.sandbox.writers import training
 
 DAY = "2026-11-16"
 

@@ -5,7 +5,6 @@ name when they are not a positive number (issue 13 §6): a step or timeout of 0,
 up at once or write nonsense, silently."""
 
 import ast
-from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -20,8 +19,9 @@ from foxhunt_obs.defs.resources import (
     resources,
 )
 from foxhunt_obs.lib.settings import SETTING, SETTINGS
+from foxhunt_obs_tests.paths import REPO
 
-PACKAGE = Path(__file__).resolve().parents[2] / "foxhunt_obs"
+PACKAGE = REPO / "foxhunt_obs"
 READ_AT_LOAD = {"FOXHUNT_PARTITIONS_START"}  # partitions are built before any resource exists
 
 
@@ -35,7 +35,9 @@ def test_every_setting_is_a_resource_field_with_the_registry_default():
     assert set(bound) == {s.env for s in SETTINGS} - READ_AT_LOAD
     # AWS's own region serves the lake's S3 and the AWS sources alike; the rest has one home (boto3
     # resolves AWS_ENDPOINT_URL[_<SERVICE>] for the sources itself: the aws resource leaves it unset)
-    assert {n: f for n, f in bound.items() if len(f) > 1} == {"AWS_REGION": ["lake.region", "aws.region_name"]}
+    assert {n: f for n, f in bound.items() if len(f) > 1} == {
+        "AWS_REGION": ["lake.region", "aws.region_name"]
+    }
 
 
 def test_the_code_location_takes_set_variables_as_env_vars_and_secrets_never_as_values(monkeypatch):

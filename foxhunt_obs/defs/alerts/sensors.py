@@ -72,8 +72,8 @@ def alert_sensor(
     slack: SlackBotResource,
     alerting: AlertingResource,
 ):
-    from foxhunt_obs.lib.alerts.catalog import load_rules_or_last_good
     from foxhunt_obs.lib.alerts.engine import tick
+    from foxhunt_obs.lib.alerts.rules import load_rules_or_last_good
 
     store = lake.lake()
     rules, rules_error = load_rules_or_last_good(overrides=alerting.rules_file)

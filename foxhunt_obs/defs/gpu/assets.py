@@ -5,7 +5,7 @@ import dagster as dg
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.partitions import DAILY, HOURLY, days_of, hours_of
 from foxhunt_obs.defs.resources import ClusterResource, LakeResource, PrometheusResource
-from foxhunt_obs.lib.analysis.catalog import load_catalog
+from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
 from foxhunt_obs.lib.tables import daily as tables
 from foxhunt_obs.lib.tables import gpu as gpu_tables
 

@@ -9,9 +9,9 @@ from foxhunt_obs.defs.gpu.assets import gpu_hourly, node_samples
 from foxhunt_obs.defs.partitions import DAILY, WEEKLY, days_of
 from foxhunt_obs.defs.resources import CostsResource, LakeResource, ReportResource, SlackBotResource
 from foxhunt_obs.defs.training.assets import training_metrics, training_runs
-from foxhunt_obs.lib.analysis.allocation import CLUSTER_IDLE
 from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.tables import daily as tables
+from foxhunt_obs.lib.tables.cost_model import CLUSTER_IDLE
 
 DAY_TO_DAY = dg.TimeWindowPartitionMapping()
 

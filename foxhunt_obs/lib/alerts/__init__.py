@@ -1,6 +1,6 @@
 """Alert rules (DESIGN §6): the catalog (`catalog`) and its Prometheus export (`prometheus_rules`)."""
 
-from foxhunt_obs.lib.alerts.catalog import (
+from foxhunt_obs.lib.alerts.rules import (
     SEVERITIES,
     SOURCES,
     Rule,

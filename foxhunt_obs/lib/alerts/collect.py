@@ -19,8 +19,8 @@ from datetime import datetime, timedelta, timezone
 
 import pandas as pd
 
-from foxhunt_obs.lib.alerts.catalog import Rule
 from foxhunt_obs.lib.alerts.evaluate import EVALUATORS, Finding, from_vector
+from foxhunt_obs.lib.alerts.rules import Rule
 from foxhunt_obs.lib.redact import scrub
 
 MLFLOW_KEYS = ("actor/loss", "success_rate", "actor/entropy")

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 from urllib.parse import quote
 
 from foxhunt_obs.lib.alerts import state as alert_state
-from foxhunt_obs.lib.alerts.catalog import Rule
 from foxhunt_obs.lib.alerts.collect import Sources, collect
+from foxhunt_obs.lib.alerts.rules import Rule
 from foxhunt_obs.lib.delivery.alert_sinks import AlertSinkError, LakeAlertSink, Notification
 
 log = logging.getLogger(__name__)

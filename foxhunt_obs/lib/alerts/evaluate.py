@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from foxhunt_obs.lib.alerts import anomaly
-from foxhunt_obs.lib.alerts.catalog import Rule
+from foxhunt_obs.lib.alerts.rules import Rule
+from foxhunt_obs.lib.analysis import anomaly
 from foxhunt_obs.lib.analysis.training_health import load_thresholds
 
 FSX_FREE_METRIC = "FreeDataStorageCapacity"

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timezone
 from typing import Any
 
-from foxhunt_obs.lib.alerts.catalog import Rule
 from foxhunt_obs.lib.alerts.evaluate import Finding, utc
+from foxhunt_obs.lib.alerts.rules import Rule
 
 log = logging.getLogger(__name__)
 

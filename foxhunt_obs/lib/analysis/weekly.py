@@ -11,8 +11,8 @@ from functools import cache
 import duckdb
 import pandas as pd
 
-from foxhunt_obs.lib.analysis.allocation import SQL_DIR
 from foxhunt_obs.lib.delivery.weekly_report import WeeklyReportData
+from foxhunt_obs.lib.tables.cost_model import SQL_DIR
 
 
 @cache

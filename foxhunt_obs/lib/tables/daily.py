@@ -10,14 +10,6 @@ from datetime import datetime
 import duckdb
 import pyarrow as pa
 
-from foxhunt_obs.lib.analysis.allocation import (
-    CLUSTER_IDLE,
-    build_cost_allocation,
-    build_outcome_per_dollar,
-    build_utilization_per_dollar,
-    register_prices,
-)
-from foxhunt_obs.lib.analysis.gpu_hourly import build_gpu_hourly
 from foxhunt_obs.lib.analysis.prices import PriceTable
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import (
@@ -34,6 +26,14 @@ from foxhunt_obs.lib.schemas import (
     TableSpec,
 )
 from foxhunt_obs.lib.tables import Built, Check, frame, md_table, row_count
+from foxhunt_obs.lib.tables.cost_model import (
+    CLUSTER_IDLE,
+    build_cost_allocation,
+    build_outcome_per_dollar,
+    build_utilization_per_dollar,
+    register_prices,
+)
+from foxhunt_obs.lib.tables.hourly_rollup import build_gpu_hourly
 
 BILL_TOLERANCE = 0.001  # allocations sum to the day's bill within 0.1 %
 

@@ -9,13 +9,13 @@ from datetime import datetime, timedelta
 import duckdb
 import pyarrow as pa
 
-from foxhunt_obs.lib.analysis.catalog import Catalog
-from foxhunt_obs.lib.analysis.gpu_series import (
+from foxhunt_obs.lib.ingest.gpu_series import (
     Window,
     collect_gpu_samples,
     collect_node_samples,
     missing_core_columns,
 )
+from foxhunt_obs.lib.ingest.metric_catalog import Catalog
 from foxhunt_obs.lib.lake import Lake, shrink_reason
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES, TableSpec
 from foxhunt_obs.lib.settings import ClusterSettings

@@ -1,0 +1,346 @@
+"""A real Prometheus holding a scenario's history (DESIGN §7, §8).
+
+``build_tsdb`` backfills the scenario into TSDB blocks with promtool, once per scenario fingerprint;
+``PrometheusServer`` runs /usr/bin/prometheus on such a TSDB on 127.0.0.1; ``up``/``down``/``status``
+keep one detached server per state directory for the demo and the CLI.
+
+Prometheus writes into its storage directory (lock, WAL, compacted blocks), so servers run on a copy of
+the cached TSDB (``copy_tsdb``) and the cache stays pristine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from foxhunt_obs.sandbox.servers.local_server import (
+    LocalServer,
+    SandboxError,
+    alive,
+    free_port,
+    http_ok,
+    kill_group,
+    read_state,
+    tail,
+)
+from foxhunt_obs.sandbox.story.scenario import Scenario, load_scenario
+from foxhunt_obs.sandbox.writers.cache import build_once
+from foxhunt_obs.sandbox.writers.openmetrics import write_blocks
+
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+
+
+RECORDING_RULES = (
+    Path(__file__).resolve().parents[3] / "deploy" / "prometheus" / "foxhunt-recording-rules.yaml"
+)
+
+
+def _rules_digest() -> str:
+    return hashlib.sha256(RECORDING_RULES.read_bytes()).hexdigest()[:8]
+
+
+def tsdb_path(scenario: Scenario, cache_root: Path, metrics: set[str] | None = None) -> Path:
+    only = "-" + "-".join(sorted(metrics)) if metrics else f"-r{_rules_digest()}"
+    return Path(cache_root) / f"{scenario.name}-{scenario.fingerprint()[:12]}{only}" / "tsdb"
+
+
+def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = None) -> Path:
+    """The scenario's TSDB under ``<cache_root>/<name>-<fingerprint[:12]>/tsdb``, built on first use.
+
+    ``metrics`` limits the metric names written (the benchmark's big cluster needs only one).
+    """
+
+    def build(tmp: Path) -> None:
+        files = write_blocks(scenario, tmp / "openmetrics", metrics)
+
+        def backfill(f: Path) -> None:
+            r = subprocess.run(
+                [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(f), str(tmp / "tsdb")],
+                capture_output=True,
+                text=True,
+            )
+            if r.returncode:
+                raise SandboxError(
+                    f"promtool failed on {f.name} (exit {r.returncode}): {r.stderr.strip()[-2000:]}"
+                )
+            f.unlink()  # the text is ~30x the size of the block made from it
+
+        # promtool uses about one core; two at a time keeps a small machine responsive
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            list(pool.map(backfill, files))
+        shutil.rmtree(tmp / "openmetrics")
+        if not metrics:
+            backfill_recording_rules(scenario, tmp / "tsdb", tmp)
+
+    final = tsdb_path(scenario, cache_root, metrics).parent
+    return build_once(final, build, f"{scenario.name} {scenario.fingerprint()}") / "tsdb"
+
+
+def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
+    """The canonical recording rules (foxhunt:gpu_*) evaluated over the scenario's history and added to
+    the TSDB as blocks: Prometheus evaluates rules only from when it starts, but dashboards and the alert
+    rules read these names in the past too (a replay of the scenario through the alert sensor).
+
+    promtool's rule backfill evaluates every rule against the stored series only: a rule cannot see
+    another rule's output (Prometheus docs, "Backfilling for Recording Rules: Limitations"), while a live
+    Prometheus evaluates a group's rules in order, each seeing the ones before it at the same timestamp.
+    So the rules are backfilled with those references inlined (``inline_records``): the same values,
+    e.g. foxhunt:gpu_util:ratio from GR_ENGINE_ACTIVE on a MIG slice, which reports no GPU_UTIL."""
+    out, rules_file = work / "rule-blocks", work / "rules-inlined.yaml"
+    rules_file.write_text(yaml.safe_dump(inline_records(RECORDING_RULES), sort_keys=False, width=1 << 20))
+    with PrometheusServer(tsdb, workdir=work) as server:
+        r = subprocess.run(
+            [
+                PROMTOOL, "tsdb", "create-blocks-from", "rules", "--quiet",
+                f"--url={server.url}", f"--start={int(scenario.start.timestamp())}",
+                f"--end={int(scenario.end.timestamp())}", f"--eval-interval={scenario.step_s}s",
+                f"--output-dir={out}", str(rules_file),
+            ],
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+    if r.returncode:
+        raise SandboxError(
+            f"promtool create-blocks-from rules failed (exit {r.returncode}): {r.stderr[-2000:]}"
+        )
+    for block in out.iterdir():
+        block.rename(tsdb / block.name)
+    shutil.rmtree(out)
+    rules_file.unlink()
+    for leftover in ("wal", "chunks_head", "queries.active", "lock"):  # the temporary server's own state
+        path = tsdb / leftover
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def inline_records(rules_file: Path) -> dict:
+    """The rules file with every reference to an earlier rule's record replaced by that rule's expression
+    (itself inlined): what a live Prometheus computes, evaluating a group's rules in order. Only bare
+    references (no matchers, no range) are inlined; the generated rules have no others."""
+    doc = yaml.safe_load(Path(rules_file).read_text())
+    exprs: dict[str, str] = {}
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            expr = rule["expr"].strip()
+            for record, body in exprs.items():
+                ref = re.compile(rf"(?<![\w:]){re.escape(record)}(?![\w:])(\s*[{{\[])?")
+                if any(m.group(1) for m in ref.finditer(expr)):
+                    raise SandboxError(
+                        f"{rules_file}: {rule['record']} reads {record} with matchers or a range"
+                    )
+                expr = ref.sub(lambda _, body=body: f"({body})", expr)
+            exprs[rule["record"]] = expr
+            rule["expr"] = expr + "\n"
+    return doc
+
+
+def copy_tsdb(src: Path, dst: Path) -> Path:
+    """Copy a TSDB for a server to write into; ``dst`` must not exist."""
+    shutil.copytree(src, dst)
+    return Path(dst)
+
+
+class PrometheusServer(LocalServer):
+    """/usr/bin/prometheus on ``tsdb_dir``, listening on 127.0.0.1 only, with no scrape jobs.
+
+    ``scrape_jobs`` (job name -> targets) are scraped every ``scrape_interval``; ``rule_files`` are
+    loaded (the catalog's recording rules). ``extra_args`` go to prometheus as they are (tests use
+    ``--query.max-samples`` to provoke errors). Backfilled history has no staleness markers, so a series
+    that ends (pod gone, node lost) keeps answering plain selectors for the 5-minute look-back; the
+    ingest asks for ``last_over_time(x[step])`` and so does not depend on staleness.
+    """
+
+    label = "Prometheus"
+    log_name = "prometheus.log"
+    poll_s = 0.1
+
+    def __init__(
+        self,
+        tsdb_dir: Path,
+        port: int = 0,
+        workdir: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        scrape_jobs: dict[str, list[str]] | None = None,
+        scrape_interval: str = "15s",
+        rule_files: tuple[Path, ...] = (),
+    ):
+        super().__init__(port, workdir)
+        self.extra_args = tuple(extra_args)
+        self.scrape_jobs = scrape_jobs or {}
+        self.scrape_interval = scrape_interval
+        self.rule_files = tuple(Path(p).resolve() for p in rule_files)
+        self.tsdb_dir = Path(tsdb_dir).resolve()
+
+    def _config(self) -> str:
+        return _config_text(self.scrape_interval, self.scrape_jobs, self.rule_files)
+
+    def prepare(self) -> None:
+        (self.workdir / "prometheus.yml").write_text(self._config())
+
+    def command(self) -> list[str]:
+        return [
+            PROMETHEUS,
+            f"--config.file={self.workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.tsdb_dir}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            # the default 15d would delete backfilled blocks older than that on startup
+            "--storage.tsdb.retention.time=100y",
+            "--web.enable-lifecycle",
+            *self.extra_args,
+        ]
+
+    def ready(self, timeout: float) -> bool:
+        return http_ok(f"{self.url}/-/ready", timeout)
+
+
+def _config_text(scrape_interval: str, scrape_jobs: dict[str, list[str]], rule_files) -> str:
+    config = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [
+            # honor_labels: the exporter's pod labels name the pod holding the GPU (as in our ServiceMonitor)
+            {"job_name": job, "honor_labels": True, "static_configs": [{"targets": list(targets)}]}
+            for job, targets in scrape_jobs.items()
+        ],
+    }
+    return json.dumps(config, indent=2) + "\n"  # JSON is YAML
+
+
+# ---- one detached server per state directory (demo, CLI) ----
+
+# Servers started by up() in this process, so down() in the same process can reap them (no zombie, no
+# ResourceWarning); from another process down() finds the group by the recorded pid.
+_DETACHED: dict[int, subprocess.Popen] = {}
+
+
+EXPORTER_JOB = "foxhunt-gpu-exporter"
+LIVE_NODE = "sandbox-live-node"
+
+
+def start_fake_exporter(
+    port: int, workdir: Path, interval: float = 5.0, scenario: Path | None = None, hostname: str = LIVE_NODE
+) -> subprocess.Popen:
+    """The live path's exporter with its fake NVML backend, in its own process group, ready to scrape."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "foxhunt_gpu_exporter",
+        "--fake",
+        *([str(scenario)] if scenario else []),
+        "--listen-address",
+        f"127.0.0.1:{port}",
+        "--interval",
+        str(interval),
+        "--hostname",
+        hostname,
+    ]
+    log = (Path(workdir) / "exporter.log").open("ab")
+    process = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    log.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SandboxError(
+                f"foxhunt-gpu-exporter exited with {process.returncode} (is exporter/ installed? "
+                f"pip install -e ./exporter): {tail(Path(workdir) / 'exporter.log')}"
+            )
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                if r.status == 200:
+                    return process
+        except OSError:
+            time.sleep(0.1)
+    kill_group(process.pid, 5.0, process)
+    raise SandboxError(f"foxhunt-gpu-exporter not healthy after 20 s: {tail(Path(workdir) / 'exporter.log')}")
+
+
+def up(
+    scenario_name: str,
+    state_dir: Path,
+    port: int,
+    exporter_port: int | None = None,
+) -> dict:
+    """Build or reuse the scenario's TSDB under ``state_dir/cache``, run Prometheus on a fresh copy in
+    ``state_dir/run`` (detached: it outlives this process) and record it in ``state_dir/sandbox.json``.
+    Beside the backfilled history, a live fake exporter (``exporter_port``, default a free port) is
+    scraped every 5 s and the catalog's recording rules are loaded: the live path, end to end.
+    A server already recorded there is stopped first."""
+    state_dir = Path(state_dir)
+    scenario = load_scenario(scenario_name)
+    tsdb = build_tsdb(scenario, state_dir / "cache")
+    down(state_dir)
+    run = state_dir / "run"
+    copy_tsdb(tsdb, run / "tsdb")
+    exporter_port = exporter_port or free_port()
+    exporter = start_fake_exporter(exporter_port, run)
+    _DETACHED[exporter.pid] = exporter
+    try:
+        server = PrometheusServer(
+            run / "tsdb",
+            port=port,
+            workdir=run,
+            scrape_jobs={EXPORTER_JOB: [f"127.0.0.1:{exporter_port}"]},
+            scrape_interval="5s",
+            rule_files=(RECORDING_RULES,),
+        ).start()
+    except BaseException:
+        kill_group(exporter.pid, 5.0, _DETACHED.pop(exporter.pid))
+        raise
+    _DETACHED[server.pid] = server.process
+    state = {
+        "pid": server.pid,
+        "url": server.url,
+        "exporter_pid": exporter.pid,
+        "exporter_url": f"http://127.0.0.1:{exporter_port}",
+        "scenario": scenario.name,
+        "fingerprint": scenario.fingerprint(),
+        "start": scenario.start.isoformat(),
+        "end": scenario.end.isoformat(),
+        "tsdb": str(run / "tsdb"),
+        "log": str(server.log_path),
+    }
+    (state_dir / "sandbox.json").write_text(json.dumps(state, indent=2) + "\n")
+    return state
+
+
+def _state(state_dir: Path) -> dict | None:
+    return read_state(Path(state_dir) / "sandbox.json")
+
+
+def down(state_dir: Path) -> None:
+    """Stop the server recorded in ``state_dir/sandbox.json`` and remove its run dir; fine if none runs."""
+    from foxhunt_obs.sandbox.servers.mlflow_server import down_mlflow  # both import this module
+    from foxhunt_obs.sandbox.servers.moto_server import down_moto
+
+    state_dir = Path(state_dir)
+    down_mlflow(state_dir)  # before run/ goes: its store and the servers' logs live there
+    down_moto(state_dir)
+    state = _state(state_dir)
+    if state:
+        for key in ("pid", "exporter_pid"):
+            pid = state.get(key)
+            process = _DETACHED.pop(pid, None)
+            if pid and alive(pid):
+                kill_group(pid, 10.0, process)
+    (state_dir / "sandbox.json").unlink(missing_ok=True)
+    shutil.rmtree(state_dir / "run", ignore_errors=True)
+
+
+def status(state_dir: Path) -> dict | None:
+    """The recorded state if its Prometheus is alive and ready, else None."""
+    state = _state(state_dir)
+    if state and alive(state["pid"]) and http_ok(f"{state['url']}/-/ready"):
+        return state
+    return None

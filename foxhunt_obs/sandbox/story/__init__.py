@@ -1,0 +1,1 @@
+"""The sandbox's story: a scenario, the ground truth it implies, and the alerts it must raise."""
