@@ -22,14 +22,14 @@ prometheus:
 	  $(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y prometheus; \
 	fi
 
-# Headless Chromium renders the weekly report's HTML in the tests (foxhunt_obs_tests/delivery).
+# Headless Chromium renders the weekly report's HTML in the tests (foxhunt_obs_tests/lib/report).
 chromium:
 	@if ! command -v chromium >/dev/null; then \
 	  echo "installing Chromium (Debian package)"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
 	fi
 
-# Alertmanager receives the alert sensors' notifications in the tests (foxhunt_obs_tests/delivery, sandbox).
+# Alertmanager receives the alert sensors' notifications in the tests (foxhunt_obs_tests/lib/delivery, sandbox).
 # --no-install-recommends: the binary only, no system service is enabled by the tests.
 alertmanager:
 	@if ! [ -x /usr/bin/prometheus-alertmanager ]; then \

@@ -24,3 +24,16 @@ def test_the_configuration_table_names_each_settings_resource_field():
     rows = [ln.split(" | ") for ln in README.splitlines() if ln.startswith("| `")]
     shown = {row[0].strip("| `"): set(row[1].split(", ")) for row in rows if row[0].strip("| `") in fields}
     assert shown == fields
+
+
+def test_architecture_names_every_package_folder():
+    """ARCHITECTURE.md's tree has a line for every folder of the package (a new folder must say why)."""
+    root = Path(__file__).resolve().parents[1]
+    tree = (root / "ARCHITECTURE.md").read_text()
+    folders = sorted(
+        p.parent.name
+        for p in (root / "foxhunt_obs").glob("*/*/__init__.py")
+        if p.parent.parent.name != "defs"
+    ) + sorted(p.parent.name for p in (root / "foxhunt_obs").glob("*/__init__.py"))
+    missing = [f for f in folders if f"{f}/" not in tree]
+    assert not missing, f"add these folders to ARCHITECTURE.md: {missing}"

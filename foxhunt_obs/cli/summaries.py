@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from foxhunt_obs.cli.config import lake
+from foxhunt_obs.lib.names import CLUSTER_IDLE
 
 
 def summary(start: datetime, end: datetime) -> str:
@@ -148,8 +149,8 @@ def weekly_summary(week: str) -> str:
                   round(sum(active_gpu_hours) / nullif(sum(allocated_usd), 0), 4) AS active_gpu_hours_per_usd,
                   round(sum(allocated_usd) / nullif(sum(active_gpu_hours), 0), 2) AS usd_per_active_gpu_hour
            FROM utilization_per_dollar WHERE day >= $first AND day <= $last
-           GROUP BY experiment ORDER BY experiment = '(cluster idle)', usd DESC""",
-        {"first": first, "last": last},
+           GROUP BY experiment ORDER BY experiment = $cluster_idle, usd DESC""",
+        {"first": first, "last": last, "cluster_idle": CLUSTER_IDLE},
         tables=[UTILIZATION_PER_DOLLAR],
     ).to_pandas()
     total, idle, active = rows.usd.sum(), rows.idle_usd.sum(), rows.active_gpu_hours.sum()

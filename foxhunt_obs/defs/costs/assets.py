@@ -8,10 +8,8 @@ costs_hourly summed per resource, estimate rows are node-hours and file systems 
 import dagster as dg
 
 from foxhunt_obs import assetkit
-from foxhunt_obs.defs.gpu.assets import node_samples
 from foxhunt_obs.defs.partitions import DAILY, days_of
 from foxhunt_obs.defs.resources import AwsResource, CostsResource, FsxResource, LakeResource
-from foxhunt_obs.defs.storage.assets import fsx_metrics
 from foxhunt_obs.lib.tables import costs as tables
 
 
@@ -39,8 +37,8 @@ def costs_hourly(
     backfill_policy=dg.BackfillPolicy.single_run(),  # one Cost Explorer call chain for the whole window
     deps=[
         costs_hourly,
-        dg.AssetDep(node_samples, partition_mapping=dg.TimeWindowPartitionMapping()),
-        dg.AssetDep(fsx_metrics, partition_mapping=dg.TimeWindowPartitionMapping()),
+        dg.AssetDep("node_samples", partition_mapping=dg.TimeWindowPartitionMapping()),
+        dg.AssetDep("fsx_metrics", partition_mapping=dg.TimeWindowPartitionMapping()),
     ],
     group_name="costs",
     kinds={"aws", "duckdb", "parquet"},

@@ -4,14 +4,11 @@ and the weekly cost report (DESIGN §5)."""
 import dagster as dg
 
 from foxhunt_obs import assetkit
-from foxhunt_obs.defs.costs.assets import costs_daily, costs_hourly
-from foxhunt_obs.defs.gpu.assets import gpu_hourly, node_samples
 from foxhunt_obs.defs.partitions import DAILY, WEEKLY, days_of
 from foxhunt_obs.defs.resources import CostsResource, LakeResource, ReportResource, SlackBotResource
-from foxhunt_obs.defs.training.assets import training_metrics, training_runs
 from foxhunt_obs.lib.analysis.prices import load_price_table
+from foxhunt_obs.lib.names import CLUSTER_IDLE
 from foxhunt_obs.lib.tables import daily as tables
-from foxhunt_obs.lib.tables.cost_model import CLUSTER_IDLE
 
 DAY_TO_DAY = dg.TimeWindowPartitionMapping()
 
@@ -20,10 +17,10 @@ DAY_TO_DAY = dg.TimeWindowPartitionMapping()
     partitions_def=DAILY,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=7),
     deps=[
-        dg.AssetDep(gpu_hourly, partition_mapping=DAY_TO_DAY),
-        dg.AssetDep(node_samples, partition_mapping=DAY_TO_DAY),
-        dg.AssetDep(costs_hourly, partition_mapping=DAY_TO_DAY),
-        dg.AssetDep(costs_daily, partition_mapping=DAY_TO_DAY),
+        dg.AssetDep("gpu_hourly", partition_mapping=DAY_TO_DAY),
+        dg.AssetDep("node_samples", partition_mapping=DAY_TO_DAY),
+        dg.AssetDep("costs_hourly", partition_mapping=DAY_TO_DAY),
+        dg.AssetDep("costs_daily", partition_mapping=DAY_TO_DAY),
     ],
     group_name="reports",
     kinds={"duckdb", "parquet"},
@@ -36,7 +33,7 @@ DAY_TO_DAY = dg.TimeWindowPartitionMapping()
     ],
     description=(
         "Per GPU-hour and holder pod: node, GPU, pod, namespace and experiment, allocated $, unallocated "
-        "(cluster idle) $, active GPU-seconds, idle $ on util and SM activity, cost source; plus the day's "
+        f"{CLUSTER_IDLE} $, active GPU-seconds, idle $ on util and SM activity, cost source; plus the day's "
         "tagged and shared bill lines."
     ),
 )
@@ -68,8 +65,8 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=7),
     deps=[
         dg.AssetDep(cost_allocation, partition_mapping=DAY_TO_DAY),
-        dg.AssetDep(training_metrics, partition_mapping=DAY_TO_DAY),
-        training_runs,
+        dg.AssetDep("training_metrics", partition_mapping=DAY_TO_DAY),
+        "training_runs",
     ],
     group_name="reports",
     kinds={"duckdb", "parquet"},
@@ -90,7 +87,7 @@ def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
         dg.AssetDep(utilization_per_dollar, partition_mapping=DAY_TO_DAY),
         dg.AssetDep(cost_allocation, partition_mapping=DAY_TO_DAY),
         dg.AssetDep(outcome_per_dollar, partition_mapping=DAY_TO_DAY),
-        dg.AssetDep(costs_daily, partition_mapping=DAY_TO_DAY),
+        dg.AssetDep("costs_daily", partition_mapping=DAY_TO_DAY),
     ],
     group_name="reports",
     kinds={"html", "markdown"},

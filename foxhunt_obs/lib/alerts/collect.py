@@ -19,11 +19,10 @@ from datetime import datetime, timedelta, timezone
 
 import pandas as pd
 
-from foxhunt_obs.lib.alerts.evaluate import EVALUATORS, Finding, from_vector
+from foxhunt_obs.lib.alerts.evaluate import EVALUATORS, Finding, from_vector, mlflow_keys
 from foxhunt_obs.lib.alerts.rules import Rule
 from foxhunt_obs.lib.redact import scrub
 
-MLFLOW_KEYS = ("actor/loss", "success_rate", "actor/entropy")
 MLFLOW_LOOKBACK = timedelta(hours=24)  # enough points for the robust windows of the training rules
 FSX_LOOKBACK = timedelta(minutes=30)  # the fsx rule's `for` (10 min) and CloudWatch's lateness
 COST_LOOKBACK_DAYS = 21
@@ -149,8 +148,8 @@ def _call(rule: Rule, frame: pd.DataFrame, now: datetime) -> list[Finding]:
 
 
 def _mlflow_frame(sources: Sources, now: datetime) -> pd.DataFrame:
-    """The recent points of the training rules' keys for runs running as of `now` (started, and not yet
-    ended: a RUNNING run has no end time)."""
+    """The recent points of the training rules' keys (evaluate.mlflow_keys) for runs running as of `now`
+    (started, and not yet ended: a RUNNING run has no end time)."""
     runs = [
         r
         for r in sources.mlflow.runs()
@@ -159,9 +158,8 @@ def _mlflow_frame(sources: Sources, now: datetime) -> pd.DataFrame:
         and r.start_time <= now
         and (r.end_time > now if r.end_time is not None else r.status == "RUNNING")
     ]
-    wanted = [
-        dataclasses.replace(r, metric_keys=tuple(k for k in r.metric_keys if k in MLFLOW_KEYS)) for r in runs
-    ]
+    keys = set(mlflow_keys())
+    wanted = [dataclasses.replace(r, metric_keys=tuple(k for k in r.metric_keys if k in keys)) for r in runs]
     points = sources.mlflow.histories([r for r in wanted if r.metric_keys]).to_pandas()
     if points.empty:
         return pd.DataFrame(columns=["run_id", "run_name", "experiment", "key", "step", "ts", "value"])

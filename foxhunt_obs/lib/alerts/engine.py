@@ -10,12 +10,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from urllib.parse import quote
 
 from foxhunt_obs.lib.alerts import state as alert_state
 from foxhunt_obs.lib.alerts.collect import Sources, collect
 from foxhunt_obs.lib.alerts.rules import Rule
-from foxhunt_obs.lib.delivery.alert_sinks import AlertSinkError, LakeAlertSink, Notification
+from foxhunt_obs.lib.delivery.alert_sinks import AlertSink, AlertSinkError, Notification
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def _load(cursor: str | None) -> tuple[str | None, dict[str, list[str]], dict[st
 def tick(
     rules: list[Rule],
     sources: Sources,
-    sinks: list,
+    sinks: list[AlertSink],
     cursor: str | None,
     now: datetime,
     dagster_url: str = "http://127.0.0.1:3000",
@@ -127,7 +128,7 @@ def tick(
 
 
 def deliver(
-    sinks: list,
+    sinks: list[AlertSink],
     notes: list[Notification],
     keys: list[str],
     took: dict[str, list[str]],
@@ -163,24 +164,15 @@ def deliver(
             todo = [n for n, k in zip(notes, keys) if sink.name not in took[k]]
             if not todo:
                 continue
-        if isinstance(sink, LakeAlertSink):  # the table records where each transition went
-            sent_to = sorted({name for n in todo for name in took[transition_key(n)]} - {sink.name})
-            error, accepted = _send(
-                lambda sink=sink, todo=todo, sent_to=sent_to: sink.send(todo, sent_to=sent_to), sink_budget_s
-            )
-        elif getattr(sink, "takes_deadline", False):  # stops between messages, saying how many it posted
-            stop = None if sink_budget_s is None else time.monotonic() + sink_budget_s * 0.8
-            error, accepted = _send(
-                lambda sink=sink, todo=todo, stop=stop: sink.send(todo, deadline=stop),
-                sink_budget_s,
-                (owner, sink.name, [transition_key(n) for n in todo]),
-            )
-        else:
-            error, accepted = _send(
-                lambda sink=sink, todo=todo: sink.send(todo),
-                sink_budget_s,
-                (owner, sink.name, [transition_key(n) for n in todo]),
-            )
+        # every sink is told who took these already (the lake records it) and when to stop (a sink
+        # posting one message per notification stops between two, saying how many it posted)
+        sent_to = sorted({name for n in todo for name in took[transition_key(n)]} - {sink.name})
+        stop = None if sink_budget_s is None else time.monotonic() + sink_budget_s * 0.8
+        error, accepted = _send(
+            partial(sink.send, todo, sent_to=sent_to, deadline=stop),
+            sink_budget_s,
+            (owner, sink.name, [transition_key(n) for n in todo]),
+        )
         # a sink that posts one message per notification (Slack) may take some before it fails: those
         # are recorded as taken, so the next tick does not post them again
         for n in todo[: len(todo) if error is None else accepted]:
@@ -192,7 +184,7 @@ def deliver(
 
 
 def drop_stale(
-    sinks: list,
+    sinks: list[AlertSink],
     notes: list[Notification],
     keys: list[str],
     took: dict[str, list[str]],
@@ -211,8 +203,8 @@ def drop_stale(
         if k in since and now - datetime.fromisoformat(since[k]) > PENDING_MAX:
             refused = ", ".join(sorted(set(names) - set(took[k])))
             messages.append(f"{n.status} {n.rule} ({n.summary}): refused by {refused} since {since[k]}")
-            for sink in sinks:  # a row of its own: where it went, and that it was dropped
-                if isinstance(sink, LakeAlertSink) and sink.name in took[k] and not out_of_time():
+            for sink in sinks:  # a row of its own in the alerts table: where it went, and that it was dropped
+                if sink.name == "lake" and sink.name in took[k] and not out_of_time():
                     _send(
                         lambda sink=sink, n=n, k=k: sink.send([n], sent_to=[*took[k], "dropped"]),
                         sink_budget_s,
@@ -269,13 +261,19 @@ def _send(fn, timeout_s: float | None = None, late: tuple | None = None) -> tupl
 
 
 def _refresh_alertmanager(
-    sinks: list, state, by_id: dict, took: dict, posted_now: set, dagster_url: str, timeout_s: float | None
+    sinks: list[AlertSink],
+    state,
+    by_id: dict,
+    took: dict,
+    posted_now: set,
+    dagster_url: str,
+    timeout_s: float | None,
 ) -> int:
     """Alertmanager expires a firing alert at its endsAt: like Prometheus, re-post every alert still
     firing that Alertmanager has taken, each tick, whatever the other sinks did (a webhook that refuses
     for good must not let Alertmanager expire a live alert). Alertmanager merges them by labels and
     notifies nobody again; a failed refresh is retried next tick and never holds back the cursor."""
-    sinks = [s for s in sinks if getattr(s, "name", "") == "alertmanager"]
+    sinks = [s for s in sinks if s.name == "alertmanager"]
     taken = {k.split("|")[1] for k, v in took.items() if k.startswith("firing|") and "alertmanager" in v}
     alive = [
         a
@@ -306,7 +304,7 @@ def _refresh_alertmanager(
 def replay(
     rules: list[Rule],
     sources: Sources,
-    sinks: list,
+    sinks: list[AlertSink],
     start: datetime,
     end: datetime,
     every_s: float = 300,

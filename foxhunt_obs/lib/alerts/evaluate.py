@@ -27,7 +27,7 @@ import pandas as pd
 
 from foxhunt_obs.lib.alerts.rules import Rule
 from foxhunt_obs.lib.analysis import anomaly
-from foxhunt_obs.lib.analysis.training_health import load_thresholds
+from foxhunt_obs.lib.analysis.training_health import mlflow_key
 
 FSX_FREE_METRIC = "FreeDataStorageCapacity"
 FSX_FREE_STATISTIC = "Minimum"  # the fullest OST
@@ -92,9 +92,15 @@ def _int(x: Any) -> int | None:
 # -- mlflow ------------------------------------------------------------------------------------------
 
 
-def _mlflow_key(name: str) -> str:
-    """The MLflow metric key of a training_health key name (one place: data/training_health.yaml)."""
-    return load_thresholds().keys[name]
+# the training_health names (data/training_health.yaml's `keys`) of what the training rules read: nan_loss
+# loss, success_rate_drop success_rate, entropy_collapse entropy; training_run_silent the newest of them
+MLFLOW_NAMES = ("loss", "success_rate", "entropy")
+
+
+def mlflow_keys() -> tuple[str, ...]:
+    """The MLflow metric keys the training rules read (what collect fetches), as
+    data/training_health.yaml spells them."""
+    return tuple(mlflow_key(name) for name in MLFLOW_NAMES)
 
 
 def _run_series(metrics: pd.DataFrame | None, key: str) -> Iterator[tuple[dict[str, str], pd.DataFrame]]:
@@ -120,7 +126,7 @@ def nan_loss(rule: Rule, metrics: pd.DataFrame) -> list[Finding]:
     """A finding per run whose latest actor/loss is NaN or ±Inf. at/step: the first non-finite point of
     the trailing non-finite run; a later finite value means the run recovered (no finding)."""
     out = []
-    for labels, g in _run_series(metrics, _mlflow_key("loss")):
+    for labels, g in _run_series(metrics, mlflow_key("loss")):
         values = g["value"].to_numpy(dtype=float)
         if np.isfinite(values[-1]):
             continue
@@ -191,14 +197,14 @@ def success_rate_drop(rule: Rule, metrics: pd.DataFrame) -> list[Finding]:
     the best median of a `window`-point run before them (anomaly.sudden_drop). value: the last window's
     median; extra baseline: the best trailing median; at: the newest point."""
     w, drop = int(rule.thresholds["window"]), float(rule.thresholds["drop"])
-    return _windowed(rule, metrics, _mlflow_key("success_rate"), lambda v: anomaly.sudden_drop(v, w, drop))
+    return _windowed(rule, metrics, mlflow_key("success_rate"), lambda v: anomaly.sudden_drop(v, w, drop))
 
 
 def entropy_collapse(rule: Rule, metrics: pd.DataFrame) -> list[Finding]:
     """A finding per run whose actor/entropy median over the last `window` points is below `entropy_min`
     (anomaly.collapse_below). value: that median; at: the newest point."""
     w, floor = int(rule.thresholds["window"]), float(rule.thresholds["entropy_min"])
-    return _windowed(rule, metrics, _mlflow_key("entropy"), lambda v: anomaly.collapse_below(v, w, floor))
+    return _windowed(rule, metrics, mlflow_key("entropy"), lambda v: anomaly.collapse_below(v, w, floor))
 
 
 # -- cloudwatch --------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import string
 
 import yaml
 
-from foxhunt_obs.lib.alerts.rules import Rule, _display, alert_name, format_duration
+from foxhunt_obs.lib.alerts.rules import Rule, alert_name, format_duration, threshold_display
 
 __all__ = [
     "TemplateConversionError",
@@ -89,7 +89,7 @@ def to_prometheus_template(rule: Rule, template: str) -> str:
         if name == "value":
             out.append(_value_template(spec or "", conversion, where))
         elif name in rule.thresholds:
-            out.append(format(_display(rule.thresholds[name]), spec or ""))
+            out.append(format(threshold_display(rule.thresholds[name]), spec or ""))
         elif name in DERIVED:
             out.append(DERIVED[name])
         elif re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name):

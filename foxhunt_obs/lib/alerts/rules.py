@@ -91,7 +91,8 @@ def alert_name(rule_id: str) -> str:
     return rule_id
 
 
-def _display(value: float) -> float | int:
+def threshold_display(value: float) -> float | int:
+    """A threshold as a summary shows it: a whole number as an int (``90``, not ``90.0``)."""
     return int(value) if math.isfinite(value) and float(value).is_integer() else value
 
 
@@ -175,7 +176,7 @@ class Rule:
         """template (summary or description) formatted over labels, thresholds, extra and value, later
         ones winning; a missing key or a value that does not fit its format spec renders as '?'."""
         values: dict[str, Any] = dict(labels or {})
-        values.update({k: _display(v) for k, v in self.thresholds.items()})
+        values.update({k: threshold_display(v) for k, v in self.thresholds.items()})
         values.update(extra)
         values["value"] = value
         try:

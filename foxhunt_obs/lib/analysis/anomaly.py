@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from foxhunt_obs.lib.analysis.training_health import _windows, slope_per_hour
+from foxhunt_obs.lib.analysis import training_health
+from foxhunt_obs.lib.analysis.training_health import slope_per_hour
 
 __all__ = [
     "MAD_SCALE",
@@ -80,7 +81,7 @@ def window_medians(values: Sequence[float] | np.ndarray, window: int) -> np.ndar
     """Medians of every run of `window` consecutive finite values (index i: finite[i:i+window])."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    return _windows(np.asarray(values, dtype=float), int(window))
+    return training_health.window_medians(np.asarray(values, dtype=float), int(window))
 
 
 def robust_baseline(

@@ -31,6 +31,12 @@ class Thresholds:
     keys: dict[str, str]
 
 
+def mlflow_key(name: str) -> str:
+    """The MLflow metric key behind one of training_health's names (success_rate, loss, entropy, ...):
+    data/training_health.yaml's `keys`, the one place they are spelled."""
+    return load_thresholds().keys[name]
+
+
 @cache
 def load_thresholds(path: str = str(THRESHOLDS_PATH)) -> Thresholds:
     raw = yaml.safe_load(Path(path).read_text())
@@ -44,7 +50,7 @@ def load_thresholds(path: str = str(THRESHOLDS_PATH)) -> Thresholds:
     )
 
 
-def _windows(values: np.ndarray, w: int) -> np.ndarray:
+def window_medians(values: np.ndarray, w: int) -> np.ndarray:
     """Medians of every run of w consecutive finite values (index i: values[i:i+w])."""
     v = values[np.isfinite(values)]
     if v.size < w:
@@ -55,7 +61,7 @@ def _windows(values: np.ndarray, w: int) -> np.ndarray:
 def first_drop(values: np.ndarray, w: int, threshold: float) -> int | None:
     """Index (into the finite values) where the median of the next w points is at least `threshold`
     below the median of the w points before: a sudden drop against a robust trailing baseline."""
-    med = _windows(values, w)
+    med = window_medians(values, w)
     for i in range(w, med.size):
         if med[i - w] - med[i] >= threshold:
             return i
@@ -64,7 +70,7 @@ def first_drop(values: np.ndarray, w: int, threshold: float) -> int | None:
 
 def first_below(values: np.ndarray, w: int, limit: float) -> int | None:
     """Index where the median of w consecutive finite points first falls under `limit`."""
-    below = np.nonzero(_windows(values, w) < limit)[0]
+    below = np.nonzero(window_medians(values, w) < limit)[0]
     return int(below[0]) + w - 1 if below.size else None
 
 
@@ -139,7 +145,7 @@ def _health_row(run, h, today, day, start, as_of, t: Thresholds) -> dict:
     acc = _series(today, k["accuracy"])[1]
     lo, hi = t.accuracy_band
     acc_f = acc[np.isfinite(acc)]
-    acc_med = _windows(acc, w)
+    acc_med = window_medians(acc, w)
     last = h["ts"].max() if len(h) else None
     minutes_quiet = (as_of - last).total_seconds() / 60 if last is not None and last <= as_of else None
     stalled = run.status == "RUNNING" and (

@@ -1,11 +1,2 @@
-"""Delivery: what leaves the pipeline for people — the weekly cost report (Markdown, HTML, charts)."""
-
-from foxhunt_obs.lib.delivery.weekly_report import (
-    COST_POLICY,
-    Report,
-    ReportDataError,
-    WeeklyReportData,
-    render_weekly_report,
-)
-
-__all__ = ["COST_POLICY", "Report", "ReportDataError", "WeeklyReportData", "render_weekly_report"]
+"""Delivery: sending what the pipeline makes to people — the weekly report by e-mail and Slack, alert
+notifications to their sinks."""

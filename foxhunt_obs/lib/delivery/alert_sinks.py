@@ -1,14 +1,17 @@
 """Where alert notifications go (DESIGN §6): Alertmanager's v2 API, Slack, a signed JSON webhook, and the
 ``alerts`` lake table. The anomaly sensors hand every firing/resolved *transition* to ``deliver_all``.
 
-Each sink has ``name`` (``alertmanager``, ``slack``, ``webhook``, ``lake``), ``target`` (its URL or channel,
-credentials cut out) and ``send(notifications)``, which returns when the sink accepted all of them and
-raises ``AlertSinkError`` (naming the sink and its target, never a secret; the cause's traceback chain cut)
-when it did not. ``configured_sinks`` builds the configured ones (the ``alerting`` resource's Alertmanager
-URL, Slack channel and webhook URL; the lake sink always, last); ``deliver_all``
-tries every sink, in order, and says which accepted. HTTP sinks: a bounded timeout, bounded retries on
-connection errors and 5xx (sending again is harmless everywhere: Alertmanager merges by label set, the lake
-de-duplicates, the webhook's body is the same bytes), a 4xx at once with the server's own message.
+Every sink is an ``AlertSink``: ``name`` (``alertmanager``, ``slack``, ``webhook``, ``lake``), ``target`` (its
+URL or channel, credentials cut out) and ``send(notifications, *, sent_to, deadline)``, which returns when
+the sink accepted all of them and raises ``AlertSinkError`` (naming the sink and its target, never a
+secret; the cause's traceback chain cut) when it did not. The engine and ``deliver_all`` call every sink
+so: ``sent_to`` the sinks that took the notifications already (the lake records them), ``deadline`` when
+the caller's time runs out (Slack stops between two messages then); a sink uses what it needs.
+``configured_sinks`` builds the configured ones (the ``alerting`` resource's Alertmanager URL, Slack
+channel and webhook URL; the lake sink always, last); ``deliver_all`` tries every sink, in order, and says
+which accepted. HTTP sinks: a bounded timeout, bounded retries on connection errors and 5xx (sending again
+is harmless everywhere: Alertmanager merges by label set, the lake de-duplicates, the webhook's body is the
+same bytes), a 4xx at once with the server's own message.
 
 **Alertmanager** (``POST {url}/api/v2/alerts``): one alert per notification; labels ``alertname`` (the rule
 id), ``severity``, ``foxhunt_fingerprint`` and the notification's labels (names made valid Prometheus label
@@ -77,13 +80,14 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
+from typing import Protocol
 
 import pyarrow as pa
 import requests
 from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError
 
-from foxhunt_obs.lib.delivery.send import _failure, _scrub
+from foxhunt_obs.lib.delivery.errors import failure_text, scrub_secrets
+from foxhunt_obs.lib.delivery.slack_client import slack_error_text
 from foxhunt_obs.lib.lake import Lake, LakeError
 from foxhunt_obs.lib.redact import mask_path_tokens, remember
 from foxhunt_obs.lib.schemas import ALERTS
@@ -127,6 +131,27 @@ class AlertSinkError(RuntimeError):
         self.target = target
         self.accepted = accepted  # how many of the notifications, from the first, it did take
         super().__init__(f"{sink} {target}: {message}")
+
+
+class AlertSink(Protocol):
+    """What every sink is: the engine and ``deliver_all`` call each one the same way."""
+
+    name: str  # "alertmanager", "slack", "webhook", "lake": what the cursor records as having taken one
+    target: str  # its URL or channel, credentials cut out
+
+    def send(
+        self,
+        notifications: Sequence[Notification],
+        *,
+        sent_to: Sequence[str] = (),
+        deadline: float | None = None,
+    ) -> None:
+        """Deliver ``notifications``; return when the sink took all of them, else raise AlertSinkError
+        (its ``accepted``: how many, from the first, it did take). ``sent_to``: the sinks that took them
+        already (the lake records them in the table). ``deadline``: a ``time.monotonic()`` time after which
+        a sink that sends one message per notification (Slack) sends no further one and says how many it
+        sent, so none is sent twice. A sink ignores what it has no use for."""
+        ...
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
@@ -229,9 +254,9 @@ def _post(
         try:
             r = requests.post(url, data=body, headers=headers, timeout=timeout, allow_redirects=False)
         except requests.RequestException as exc:
-            problem = _failure(exc, *secrets)
+            problem = failure_text(exc, *secrets)
             continue
-        text = _scrub(r.text.strip(), *secrets)[:500]
+        text = scrub_secrets(r.text.strip(), *secrets)[:500]
         if r.status_code < 300:
             return r
         if r.status_code >= 500:
@@ -295,7 +320,13 @@ class AlertmanagerSink:
             alert["generatorURL"] = n.generator_url
         return alert
 
-    def send(self, notifications: Sequence[Notification]) -> None:
+    def send(
+        self,
+        notifications: Sequence[Notification],
+        *,
+        sent_to: Sequence[str] = (),
+        deadline: float | None = None,
+    ) -> None:
         _check(notifications)
         if not notifications:
             return
@@ -374,9 +405,13 @@ class SlackAlertSink:
     def __repr__(self) -> str:
         return f"SlackAlertSink({self.channel!r}, api_url={self.api_url!r})"
 
-    takes_deadline = True  # the engine passes `deadline`: a batch stops between messages, counted
-
-    def send(self, notifications: Sequence[Notification], deadline: float | None = None) -> None:
+    def send(
+        self,
+        notifications: Sequence[Notification],
+        *,
+        sent_to: Sequence[str] = (),
+        deadline: float | None = None,
+    ) -> None:
         """One message per notification; past `deadline` (time.monotonic()) it stops before the next
         message and says how many it posted (AlertSinkError.accepted), so none is posted twice."""
         _check(notifications)
@@ -400,19 +435,10 @@ class SlackAlertSink:
                     unfurl_links=False,
                     unfurl_media=False,
                 )
-            except SlackApiError as exc:
-                error = str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
-                hint = ""
-                if error in ("channel_not_found", "not_in_channel"):
-                    hint = " (check the channel name and invite the bot to the channel)"
-                elif error in ("invalid_auth", "not_authed", "token_revoked", "account_inactive"):
-                    hint = " (check SLACK_BOT_TOKEN)"
-                message = f"chat.postMessage (via {self.api_url}) failed: {_scrub(error, client.token)}{hint}"
-                raise AlertSinkError(
-                    self.name, self.channel, message + self._progress(posted, notifications), accepted=posted
-                ) from None
-            except Exception as exc:  # connection errors, timeouts, a bad answer
-                message = f"chat.postMessage (via {self.api_url}) failed: {_failure(exc, client.token)}"
+            except Exception as exc:  # Slack's error, a connection error, a timeout, a bad answer
+                message = (
+                    f"chat.postMessage (via {self.api_url}) failed: {slack_error_text(exc, client.token)}"
+                )
                 raise AlertSinkError(
                     self.name, self.channel, message + self._progress(posted, notifications), accepted=posted
                 ) from None
@@ -459,7 +485,13 @@ class WebhookSink:
         }
         return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
-    def send(self, notifications: Sequence[Notification]) -> None:
+    def send(
+        self,
+        notifications: Sequence[Notification],
+        *,
+        sent_to: Sequence[str] = (),
+        deadline: float | None = None,
+    ) -> None:
         _check(notifications)
         if not notifications:
             return
@@ -527,8 +559,15 @@ class LakeAlertSink:
             )
         return out
 
-    def send(self, notifications: Sequence[Notification], sent_to: Sequence[str] = ()) -> None:
-        """``sent_to``: the sinks that accepted these notifications (deliver_all passes them)."""
+    def send(
+        self,
+        notifications: Sequence[Notification],
+        *,
+        sent_to: Sequence[str] = (),
+        deadline: float | None = None,
+    ) -> None:
+        """``sent_to``: the sinks that accepted these notifications (the engine and deliver_all pass them),
+        recorded in each row."""
         _check(notifications)
         by_day: dict[date, list[dict]] = {}
         for row in self.rows(notifications, sent_to):
@@ -576,13 +615,13 @@ def configured_sinks(
     webhook_url: str = "",
     webhook_secret: str = "",
     slack_client: Callable[[], WebClient] | None = None,
-) -> list:
+) -> list[AlertSink]:
     """The configured sinks, in delivery order: Alertmanager, Slack, webhook, then the lake (always); an
     empty URL or channel is a sink not configured. ``slack_client`` makes the Slack client (Dagster passes
     its ``slack`` resource's ``get_client``), called only when a channel is set. Raises AlertSinkError for a
     half-configured sink (Slack channel without token, webhook without secret, a URL that is not http(s))
     before anything is sent."""
-    sinks: list = []
+    sinks: list[AlertSink] = []
     if alertmanager_url.strip():
         url = _http_url("alertmanager", alertmanager_url.strip(), "FOXHUNT_ALERTMANAGER_URL")
         sinks.append(AlertmanagerSink(url))
@@ -599,21 +638,18 @@ def configured_sinks(
     return sinks
 
 
-def deliver_all(sinks: Sequence, notifications: Sequence[Notification]) -> dict[str, str | None]:
+def deliver_all(sinks: Sequence[AlertSink], notifications: Sequence[Notification]) -> dict[str, str | None]:
     """Send to every sink in order, whatever the others did; returns sink name -> None (accepted) or the
-    error text. The lake sink records which sinks before it accepted (``sent_to``)."""
+    error text. Each sink is told which sinks before it accepted (``sent_to``: the lake records them)."""
     results: dict[str, str | None] = {}
     accepted: list[str] = []
     for sink in sinks:
         try:
-            if isinstance(sink, LakeAlertSink):
-                sink.send(notifications, sent_to=accepted)
-            else:
-                sink.send(notifications)
+            sink.send(notifications, sent_to=tuple(accepted))
         except AlertSinkError as exc:
             results[sink.name] = str(exc)
         except Exception as exc:  # a bug in one sink must not keep the others from their notifications
-            results[sink.name] = f"{sink.name} {getattr(sink, 'target', '')}: {type(exc).__name__}: {exc}"
+            results[sink.name] = f"{sink.name} {sink.target}: {type(exc).__name__}: {exc}"
         else:
             results[sink.name] = None
             accepted.append(sink.name)
@@ -625,6 +661,7 @@ def deliver_all(sinks: Sequence, notifications: Sequence[Notification]) -> dict[
 __all__ = [
     "FIRING",
     "RESOLVED",
+    "AlertSink",
     "AlertSinkError",
     "AlertmanagerSink",
     "LakeAlertSink",

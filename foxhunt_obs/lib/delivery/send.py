@@ -35,15 +35,18 @@ from email.message import EmailMessage
 from email.utils import formataddr, formatdate, getaddresses, make_msgid
 
 from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError
 
 from foxhunt_obs.lib import settings
-from foxhunt_obs.lib.delivery.weekly_report import NO_VALUE, Report, money, pct
+from foxhunt_obs.lib.delivery.errors import failure_text
+from foxhunt_obs.lib.delivery.slack_client import slack_error_text
 from foxhunt_obs.lib.redact import remember
+from foxhunt_obs.lib.report.formatting import NO_VALUE, money, pct
+from foxhunt_obs.lib.report.model import Report
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0  # one SMTP socket operation (Slack's: slack_client.TIMEOUT_S)
+SLACK_SCOPES = ("chat:write", "files:write")  # the bot's, named when Slack answers missing_scope
 
 
 class DeliveryError(RuntimeError):
@@ -197,23 +200,6 @@ def deliver(
     return done
 
 
-def _scrub(text: str, *secrets: str) -> str:
-    for secret in secrets:
-        if secret:
-            for form in (secret, base64.b64encode(secret.encode()).decode()):
-                text = text.replace(form, "***")
-    return text
-
-
-def _failure(exc: BaseException, *secrets: str) -> str:
-    text = str(exc)
-    if isinstance(exc, smtplib.SMTPResponseException):  # "535 5.7.8 ...", not "(535, b'5.7.8 ...')"
-        reply = exc.smtp_error
-        text = f"{exc.smtp_code} {reply.decode(errors='replace') if isinstance(reply, bytes) else reply}"
-    text = _scrub(text, *secrets).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 # -- e-mail --------------------------------------------------------------------------------------------------
 def report_subject(report: Report, week_start: date) -> str:
     f = report.figures
@@ -292,7 +278,7 @@ def send_email(msg: EmailMessage, config: EmailConfig, timeout: float = TIMEOUT_
             step = "send"
             refused = smtp.send_message(msg, from_addr=config.sender, to_addrs=list(config.recipients))
     except (OSError, smtplib.SMTPException) as exc:  # socket errors, timeouts and TLS errors are OSErrors
-        message = f"email via SMTP {config.server}: {step} failed: {_failure(exc, config.password)}"
+        message = f"email via SMTP {config.server}: {step} failed: {failure_text(exc, config.password)}"
         raise DeliveryError({"email": message}) from None
     if refused:
         accepted = [r for r in config.recipients if r not in refused]
@@ -351,21 +337,9 @@ def send_slack(report: Report, week_start: date, config: SlackConfig, link: str 
             filename=f"gpu-cost-report-{week_start.isoformat()}.html",
             title=f"GPU cost report — week of {week_start.isoformat()}",
         )
-    except SlackApiError as exc:
-        error = str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
-        hint = ""
-        if error in ("channel_not_found", "not_in_channel"):
-            hint = " (check the channel name and invite the bot to the channel)"
-        elif error in ("invalid_auth", "not_authed", "token_revoked", "account_inactive"):
-            hint = " (check SLACK_BOT_TOKEN)"
-        elif error == "missing_scope":
-            hint = " (the bot needs the chat:write and files:write scopes)"
-        message = (
-            f"slack {config.channel} via {config.api_url}: {step} failed: {_scrub(error, client.token)}{hint}"
-        )
-        raise DeliveryError({"slack": message}) from None
-    except Exception as exc:  # connection errors, timeouts, a failed upload (SlackRequestError), a bad answer
-        message = f"slack {config.channel} via {config.api_url}: {step} failed: {_failure(exc, client.token)}"
+    except Exception as exc:  # Slack's error, a connection error, a timeout, a failed upload, a bad answer
+        error = slack_error_text(exc, client.token, SLACK_SCOPES)
+        message = f"slack {config.channel} via {config.api_url}: {step} failed: {error}"
         raise DeliveryError({"slack": message}) from None
     done = f"slack {config.channel}"
     log.info("weekly report: %s (message %s, report.html in its thread)", done, posted["ts"])

@@ -1,6 +1,7 @@
 """The one place a Slack Web API client is built: the Dagster ``slack`` resource (defs/resources.py) and
 the plain-Python callers (the CLI, tests) both call ``slack_web_client``, so every Slack call has the same
-base URL handling, timeout and bounded retries.
+base URL handling, timeout and bounded retries; and ``slack_error_text`` is what both Slack deliveries (the
+weekly report, the alert sink) say when a call fails.
 
 No Dagster here (lib/ never imports it): the resource passes its own token and base URL in.
 """
@@ -8,10 +9,13 @@ No Dagster here (lib/ never imports it): the resource passes its own token and b
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry import ConnectionErrorRetryHandler, RateLimitErrorRetryHandler
 
+from foxhunt_obs.lib.delivery.errors import failure_text, scrub_secrets
 from foxhunt_obs.lib.redact import remember
 from foxhunt_obs.lib.settings import default
 
@@ -53,3 +57,22 @@ def slack_web_client(token: str, api_url: str = SLACK_API_URL) -> WebClient:
             CappedRateLimitRetry(max_retry_count=RETRIES),
         ],
     )
+
+
+def slack_error_text(exc: BaseException, token: str, scopes: Sequence[str] = ()) -> str:
+    """What a failed Slack call says, the token cut out: for a SlackApiError Slack's own error code (or
+    the HTTP status) with a hint at the fix where a person can make one (``channel_not_found``,
+    ``not_in_channel``, ``invalid_auth``, ...; ``missing_scope`` names ``scopes``, the bot scopes the
+    caller needs, when it gives them); for anything else (connection errors, timeouts, a bad answer)
+    the exception's type and text."""
+    if not isinstance(exc, SlackApiError):
+        return failure_text(exc, token)
+    error = str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
+    hint = ""
+    if error in ("channel_not_found", "not_in_channel"):
+        hint = " (check the channel name and invite the bot to the channel)"
+    elif error in ("invalid_auth", "not_authed", "token_revoked", "account_inactive"):
+        hint = " (check SLACK_BOT_TOKEN)"
+    elif error == "missing_scope" and scopes:
+        hint = f" (the bot needs the {' and '.join(scopes)} scopes)"
+    return f"{scrub_secrets(error, token)}{hint}"

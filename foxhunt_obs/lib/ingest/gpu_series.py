@@ -23,10 +23,9 @@ from foxhunt_obs.lib.ingest.metric_catalog import (
     node_of,
 )
 from foxhunt_obs.lib.ingest.mig import slice_share
+from foxhunt_obs.lib.names import UNATTRIBUTED
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient, RangeResult
-
-UNATTRIBUTED = "unattributed"
 
 
 @dataclass(frozen=True)

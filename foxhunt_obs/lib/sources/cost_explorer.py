@@ -41,6 +41,9 @@ TOLERANCE_USD = Decimal("0.005")
 _DEFAULT_TAGS = ("Project", "Environment", "Experiment")
 
 
+USD_PER_CALL = 0.01  # Cost Explorer's API price per request (every page is a request)
+
+
 class CostExplorerError(RuntimeError):
     """A failed or inconsistent Cost Explorer answer; the message names the call, window and partition."""
 
@@ -103,14 +106,14 @@ class CostExplorerSource:
             )
         self._ce = ce_client
         self.tag_keys = tuple(tag_keys)
-        self.calls = 0  # get_cost_and_usage requests of the last daily_costs() ($0.01 each)
+        self.calls = 0  # get_cost_and_usage requests of the last daily_costs() (USD_PER_CALL each)
         self.pages: dict[str, int] = {}  # per chain: "discovery", "Project='a' Environment=''", ...
         self.day_totals: dict[date, Decimal] = {}  # discovery's UnblendedCost per day of the last call
 
     @property
     def cost_usd(self) -> float:
         """What the last daily_costs() cost in Cost Explorer fees."""
-        return self.calls * 0.01
+        return self.calls * USD_PER_CALL
 
     def daily_costs(self, start: date, end: date, partition: str = "") -> pa.Table:
         """Every cost of [start, end) by day, project, environment, experiment and service (COSTS_DAILY)."""

@@ -315,7 +315,7 @@ class PrometheusClient:
                         return
                     last = attempt == self.retries or time.monotonic() + delay >= deadline
                     if r.status_code not in _RETRY_STATUS or last:
-                        raise describe(_describe(r))
+                        raise describe(http_error_text(r))
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
@@ -411,7 +411,9 @@ def _for(what: str) -> str:
     return f" (for {what})" if what else ""
 
 
-def _describe(r: requests.Response) -> str:
+def http_error_text(r: requests.Response) -> str:
+    """An HTTP error answer of Prometheus as text: the status, its errorType and error (or the start of the
+    body), and a hint at what the status usually means (_HINTS; a 422 of a closing block: shutting down)."""
     try:
         body = r.json()
         text = f"{body.get('errorType', '')}: {body.get('error', '')}".strip(": ")

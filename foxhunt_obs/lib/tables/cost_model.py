@@ -19,10 +19,11 @@ import duckdb
 import pyarrow as pa
 
 from foxhunt_obs.lib.analysis.prices import PriceTable
+from foxhunt_obs.lib.analysis.training_health import mlflow_key
+from foxhunt_obs.lib.names import SQL_PARAMETERS
 from foxhunt_obs.lib.schemas import COST_ALLOCATION, OUTCOME_PER_DOLLAR, UTILIZATION_PER_DOLLAR
 
 SQL_DIR = Path(__file__).resolve().parent / "sql"
-CLUSTER_IDLE = "(cluster idle)"
 
 
 @cache
@@ -31,8 +32,11 @@ def sql(name: str) -> str:
 
 
 def _bounds(day: date) -> dict:
+    """The statements' parameters: the day's bounds, the shared names, the MLflow key of success."""
     start = datetime.combine(day, time(), tzinfo=timezone.utc)
     return {
+        **SQL_PARAMETERS,
+        "success_rate_key": mlflow_key("success_rate"),
         "day": day,
         "key": day.isoformat(),
         "first_hour": start.strftime("%Y-%m-%dT00"),

@@ -27,9 +27,7 @@ from foxhunt_obs.lib.sources.budgets import BudgetsSource, account_id, forecast_
 from foxhunt_obs.lib.sources.cost_explorer import CostExplorerSource
 from foxhunt_obs.lib.sources.cur import CurSource
 from foxhunt_obs.lib.sources.fsx import FsxSource
-from foxhunt_obs.lib.tables import Built, Check, Markdown, md_table, row_count
-
-CE_USD_PER_CALL = 0.01  # Cost Explorer's API price per request
+from foxhunt_obs.lib.tables import Built, Check, Markdown, md_table, row_count, scratch
 
 # CUR line items of one day summed per resource and tag set: the `cur` rows of costs_daily
 CUR_DAILY_SQL = """
@@ -79,15 +77,13 @@ def costs_hourly(
         )
         tables[COSTS_HOURLY.key(day)] = table.filter(in_day)
         lake.write_partition(COSTS_HOURLY, COSTS_HOURLY.key(day), tables[COSTS_HOURLY.key(day)])
-    con = duckdb.connect(":memory:")
-    con.register("t", table)
-    rows, total = con.execute("SELECT count(*), round(coalesce(sum(cost_usd), 0), 2) FROM t").fetchone()
-    by_service = _md(
-        con,
-        """SELECT service, count(DISTINCT resource_id) AS resources, round(sum(cost_usd), 2) AS cost_usd,
-                  round(sum(amortized_usd), 2) AS amortized_usd FROM t GROUP BY service ORDER BY cost_usd DESC""",
-    )
-    con.close()
+    with scratch(t=table) as con:
+        rows, total = con.execute("SELECT count(*), round(coalesce(sum(cost_usd), 0), 2) FROM t").fetchone()
+        by_service = _md(
+            con,
+            """SELECT service, count(DISTINCT resource_id) AS resources, round(sum(cost_usd), 2) AS cost_usd,
+                      round(sum(amortized_usd), 2) AS amortized_usd FROM t GROUP BY service ORDER BY cost_usd DESC""",
+        )
     summary = {
         "dagster/row_count": int(rows),
         "cost_usd": float(total),
@@ -147,32 +143,30 @@ def costs_daily(
         if unpriced
         else []
     )
-    con = duckdb.connect(":memory:")
-    con.register("t", pa.concat_tables(tables.values()))
-    rows = con.execute("SELECT count(*) FROM t").fetchone()[0]
-    gap = _md(
-        con,
-        """SELECT day, round(sum(cost_usd) FILTER (WHERE source = 'estimate'), 2) AS estimate_usd,
-                  round(sum(cost_usd) FILTER (WHERE source = 'cur'), 2) AS cur_usd,
-                  round(sum(cost_usd) FILTER (WHERE source = 'ce'), 2) AS ce_usd,
-                  round(100 * (sum(cost_usd) FILTER (WHERE source = 'estimate')
-                        / nullif(sum(cost_usd) FILTER (WHERE source = 'cur'), 0) - 1), 2) AS estimate_vs_cur_pct
-           FROM t GROUP BY day ORDER BY day""",
-    )
-    by_experiment = _md(
-        con,
-        """SELECT day, source, coalesce(nullif(experiment, ''), '(no Experiment tag)') AS experiment,
-                  round(sum(cost_usd), 2) AS cost_usd FROM t WHERE source <> 'estimate'
-           GROUP BY ALL ORDER BY day, source, experiment""",
-    )
-    sums = con.execute("SELECT day::VARCHAR, source, sum(cost_usd) FROM t GROUP BY ALL").fetchall()
-    con.close()
+    with scratch(t=pa.concat_tables(tables.values())) as con:
+        rows = con.execute("SELECT count(*) FROM t").fetchone()[0]
+        gap = _md(
+            con,
+            """SELECT day, round(sum(cost_usd) FILTER (WHERE source = 'estimate'), 2) AS estimate_usd,
+                      round(sum(cost_usd) FILTER (WHERE source = 'cur'), 2) AS cur_usd,
+                      round(sum(cost_usd) FILTER (WHERE source = 'ce'), 2) AS ce_usd,
+                      round(100 * (sum(cost_usd) FILTER (WHERE source = 'estimate')
+                            / nullif(sum(cost_usd) FILTER (WHERE source = 'cur'), 0) - 1), 2) AS estimate_vs_cur_pct
+               FROM t GROUP BY day ORDER BY day""",
+        )
+        by_experiment = _md(
+            con,
+            """SELECT day, source, coalesce(nullif(experiment, ''), '(no Experiment tag)') AS experiment,
+                      round(sum(cost_usd), 2) AS cost_usd FROM t WHERE source <> 'estimate'
+               GROUP BY ALL ORDER BY day, source, experiment""",
+        )
+        sums = con.execute("SELECT day::VARCHAR, source, sum(cost_usd) FROM t GROUP BY ALL").fetchall()
     summary = {
         "dagster/row_count": int(rows),
         "estimate_vs_bill": gap,
         "by_experiment_tag": by_experiment,
         "cost_explorer_calls": int(ce.calls),
-        "cost_explorer_usd_spent": round(ce.calls * CE_USD_PER_CALL, 2),
+        "cost_explorer_usd_spent": round(ce.cost_usd, 2),
         "unpriced": ", ".join(sorted(unpriced)) or "none",
     }
     return Built(

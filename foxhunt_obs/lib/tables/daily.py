@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from foxhunt_obs.lib.analysis.prices import PriceTable
 from foxhunt_obs.lib.lake import Lake
+from foxhunt_obs.lib.names import CLUSTER_IDLE
 from foxhunt_obs.lib.schemas import (
     COST_ALLOCATION,
     COSTS_DAILY,
@@ -25,9 +26,8 @@ from foxhunt_obs.lib.schemas import (
     UTILIZATION_PER_DOLLAR,
     TableSpec,
 )
-from foxhunt_obs.lib.tables import Built, Check, frame, md_table, row_count
+from foxhunt_obs.lib.tables import Built, Check, frame, md_table, row_count, scratch
 from foxhunt_obs.lib.tables.cost_model import (
-    CLUSTER_IDLE,
     build_cost_allocation,
     build_outcome_per_dollar,
     build_utilization_per_dollar,
@@ -54,12 +54,8 @@ def _per_day(lake: Lake, days: Sequence[datetime], reads: list[TableSpec], spec:
 
 def _query(tables: dict[str, pa.Table], *statements: str):
     """Run statements over the written partitions as the view t; each answer as a DataFrame."""
-    con = duckdb.connect(":memory:")
-    try:
-        con.register("t", pa.concat_tables(tables.values()))
+    with scratch(t=pa.concat_tables(tables.values())) as con:
         return [con.execute(s).fetch_df() for s in statements]
-    finally:
-        con.close()
 
 
 def gpu_hourly(lake: Lake, days: Sequence[datetime]) -> Built:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-import duckdb
 import pyarrow as pa
 
 from foxhunt_obs.lib.ingest.gpu_series import (
@@ -20,7 +19,7 @@ from foxhunt_obs.lib.lake import Lake, shrink_reason
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES, TableSpec
 from foxhunt_obs.lib.settings import ClusterSettings
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput, md_table
+from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput, md_table, scratch
 
 
 class FewerRows(ValueError):
@@ -98,21 +97,19 @@ def gpu_samples(
 
 
 def _gpu_summary(tables: dict[str, pa.Table], root: str) -> dict:
-    con = duckdb.connect(":memory:")
-    con.register("t", pa.concat_tables(tables.values()))
-    rows, t0, t1, gpus, nodes = con.execute(
-        "SELECT count(*), min(ts), max(ts), count(DISTINCT uuid), count(DISTINCT node) FROM t"
-    ).fetchone()
-    per_exp = con.execute(
-        """SELECT experiment, count(DISTINCT uuid) AS gpus, round(avg(util), 3) AS mean_util,
-                  round(sum(util * step_seconds * step_share * gpu_share) / 3600, 2) AS active_gpu_hours
-           FROM t GROUP BY experiment ORDER BY experiment"""
-    ).fetch_df()
-    preview = con.execute(
-        "SELECT ts, node, gpu, gpu_instance, pod, experiment, util, util_basis, mem_used_bytes, power_watts "
-        "FROM t LIMIT 8"
-    ).fetch_df()
-    con.close()
+    with scratch(t=pa.concat_tables(tables.values())) as con:
+        rows, t0, t1, gpus, nodes = con.execute(
+            "SELECT count(*), min(ts), max(ts), count(DISTINCT uuid), count(DISTINCT node) FROM t"
+        ).fetchone()
+        per_exp = con.execute(
+            """SELECT experiment, count(DISTINCT uuid) AS gpus, round(avg(util), 3) AS mean_util,
+                      round(sum(util * step_seconds * step_share * gpu_share) / 3600, 2) AS active_gpu_hours
+               FROM t GROUP BY experiment ORDER BY experiment"""
+        ).fetch_df()
+        preview = con.execute(
+            "SELECT ts, node, gpu, gpu_instance, pod, experiment, util, util_basis, mem_used_bytes, power_watts "
+            "FROM t LIMIT 8"
+        ).fetch_df()
     return {
         "dagster/row_count": int(rows),
         "partitions": ", ".join(tables),
@@ -127,18 +124,16 @@ def _gpu_summary(tables: dict[str, pa.Table], root: str) -> dict:
 
 def gpu_checks(tables: dict[str, pa.Table], lake: Lake, allow_fewer_rows: bool = False) -> list[Check]:
     """values_in_range, unique_uuid_ts and not_empty_after_gpus over the run's partitions."""
-    con = duckdb.connect(":memory:")
-    con.register("t", pa.concat_tables(tables.values()))
-    # NaN is a missing reading, not an out-of-range one (DuckDB orders NaN above every number).
-    bad = con.execute(
-        """SELECT count(*) FILTER (WHERE NOT isnan(util) AND (util < 0 OR util > 1)),
-                  count(*) FILTER (WHERE NOT isnan(temp_celsius) AND (temp_celsius < -20 OR temp_celsius > 130)),
-                  count(*) FILTER (WHERE isnan(util)) FROM t"""
-    ).fetchone()
-    dupes = con.execute(
-        "SELECT count(*) FROM (SELECT uuid, gpu_instance, vgpu, ts FROM t GROUP BY ALL HAVING count(*) > 1)"
-    ).fetchone()[0]
-    con.close()
+    with scratch(t=pa.concat_tables(tables.values())) as con:
+        # NaN is a missing reading, not an out-of-range one (DuckDB orders NaN above every number).
+        bad = con.execute(
+            """SELECT count(*) FILTER (WHERE NOT isnan(util) AND (util < 0 OR util > 1)),
+                      count(*) FILTER (WHERE NOT isnan(temp_celsius) AND (temp_celsius < -20 OR temp_celsius > 130)),
+                      count(*) FILTER (WHERE isnan(util)) FROM t"""
+        ).fetchone()
+        dupes = con.execute(
+            "SELECT count(*) FROM (SELECT uuid, gpu_instance, vgpu, ts FROM t GROUP BY ALL HAVING count(*) > 1)"
+        ).fetchone()[0]
     empty_after_gpus = []
     for key, table in tables.items():
         if table.num_rows:
@@ -183,12 +178,10 @@ def node_samples(
             raise MissingInput(
                 f"node_samples partition {key}: gpu_samples {key} is not in the lake at {lake.root}"
             )
-        con = duckdb.connect(":memory:")
-        con.register("g", gpus)
-        counts = con.execute(
-            "SELECT ts, node, count(DISTINCT uuid) AS gpus_reporting FROM g GROUP BY ALL"
-        ).to_arrow_table()
-        con.close()
+        with scratch(g=gpus) as con:
+            counts = con.execute(
+                "SELECT ts, node, count(DISTINCT uuid) AS gpus_reporting FROM g GROUP BY ALL"
+            ).to_arrow_table()
         table = collect_node_samples(
             client,
             catalog,
@@ -199,18 +192,16 @@ def node_samples(
         _guard(lake, NODE_SAMPLES, key, table, ["node"], allow_fewer_rows)
         lake.write_partition(NODE_SAMPLES, key, table)
         tables[key] = table
-    con = duckdb.connect(":memory:")
-    con.register("t", pa.concat_tables(tables.values()))
-    rows, t0, t1, down = con.execute(
-        "SELECT count(*), min(ts), max(ts), count(*) FILTER (WHERE NOT gpu_node_up) FROM t"
-    ).fetchone()
-    per_node = con.execute(
-        """SELECT node, any_value(instance_type) AS instance_type, count(*) AS steps,
-                  round(avg(cpu_busy), 3) AS cpu_busy, round(max(mem_used_bytes) / 2^30, 1) AS mem_used_max_gib,
-                  max(gpus_reporting) AS gpus
-           FROM t GROUP BY node ORDER BY node"""
-    ).fetch_df()
-    con.close()
+    with scratch(t=pa.concat_tables(tables.values())) as con:
+        rows, t0, t1, down = con.execute(
+            "SELECT count(*), min(ts), max(ts), count(*) FILTER (WHERE NOT gpu_node_up) FROM t"
+        ).fetchone()
+        per_node = con.execute(
+            """SELECT node, any_value(instance_type) AS instance_type, count(*) AS steps,
+                      round(avg(cpu_busy), 3) AS cpu_busy, round(max(mem_used_bytes) / 2^30, 1) AS mem_used_max_gib,
+                      max(gpus_reporting) AS gpus
+               FROM t GROUP BY node ORDER BY node"""
+        ).fetch_df()
     summary = {
         "dagster/row_count": int(rows),
         "partitions": ", ".join(tables),

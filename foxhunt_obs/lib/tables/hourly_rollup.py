@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 import duckdb
 import pyarrow as pa
 
+from foxhunt_obs.lib.names import UNATTRIBUTED
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES
 
 _SQL = """
@@ -55,7 +56,7 @@ per_hour AS (
   -- on a TIMESTAMPTZ goes through ICU's calendar for every sample, some 15 times slower.
   SELECT epoch_ms(ts) // 3600000 AS hour_no, node, gpu, uuid, gpu_instance,
     coalesce(namespace, '') AS namespace, coalesce(pod, '') AS pod,
-    CASE WHEN coalesce(pod, '') = '' THEN 'unattributed' ELSE experiment END AS experiment,
+    CASE WHEN coalesce(pod, '') = '' THEN $unattributed ELSE experiment END AS experiment,
     max(run_id) AS run_id, max(model) AS model,
     max(gpu_profile) AS gpu_profile, max(gpu_share) AS gpu_share,
     coalesce(max(util_basis) FILTER (WHERE u IS NOT NULL), '') AS util_basis,
@@ -125,6 +126,7 @@ def build_gpu_hourly(con: duckdb.DuckDBPyConnection, day_start: datetime) -> pa.
     """gpu_hourly rows for the UTC day starting at day_start, from a lake connection's gpu_samples view."""
     day_end = day_start + timedelta(days=1)
     params = {
+        "unattributed": UNATTRIBUTED,
         "seed_hour": GPU_SAMPLES.key(day_start - timedelta(hours=1)),
         "end_hour": GPU_SAMPLES.key(day_end),
         "day_start": day_start,

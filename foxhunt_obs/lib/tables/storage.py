@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-import duckdb
 import pyarrow as pa
 
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import FSX_METRICS
 from foxhunt_obs.lib.sources.fsx import FsxSource
-from foxhunt_obs.lib.tables import Built, md_table
+from foxhunt_obs.lib.tables import Built, md_table, scratch
 
 
 def fsx_metrics(lake: Lake, source: FsxSource, hours: Sequence[datetime], fsx_ids: list[str] | None) -> Built:
@@ -28,20 +27,18 @@ def fsx_metrics(lake: Lake, source: FsxSource, hours: Sequence[datetime], fsx_id
         if file_systems
         else [("warning", "fsx_metrics: no Lustre file system found (FOXHUNT_FSX_IDS unset): empty hours")]
     )
-    con = duckdb.connect(":memory:")
-    con.register("t", pa.concat_tables(tables.values()))
-    rows = con.execute("SELECT count(*) FROM t").fetchone()[0]
-    per_fs = con.execute(
-        """SELECT file_system_id, any_value(file_system_name) AS name,
-                  round(min(value) FILTER (WHERE metric = 'FreeDataStorageCapacity' AND statistic = 'Minimum')
-                        / 1e9, 1) AS fullest_disk_free_gb,
-                  round(min(value) FILTER (WHERE metric = 'FreeDataStorageCapacity' AND statistic = 'Sum')
-                        / 1e9, 1) AS min_free_gb,
-                  round(max(per_second) FILTER (WHERE metric = 'DataReadBytes') / 1e6, 1) AS peak_read_mb_s,
-                  round(max(per_second) FILTER (WHERE metric = 'DataWriteBytes') / 1e6, 1) AS peak_write_mb_s
-           FROM t GROUP BY file_system_id ORDER BY file_system_id"""
-    ).fetch_df()
-    con.close()
+    with scratch(t=pa.concat_tables(tables.values())) as con:
+        rows = con.execute("SELECT count(*) FROM t").fetchone()[0]
+        per_fs = con.execute(
+            """SELECT file_system_id, any_value(file_system_name) AS name,
+                      round(min(value) FILTER (WHERE metric = 'FreeDataStorageCapacity' AND statistic = 'Minimum')
+                            / 1e9, 1) AS fullest_disk_free_gb,
+                      round(min(value) FILTER (WHERE metric = 'FreeDataStorageCapacity' AND statistic = 'Sum')
+                            / 1e9, 1) AS min_free_gb,
+                      round(max(per_second) FILTER (WHERE metric = 'DataReadBytes') / 1e6, 1) AS peak_read_mb_s,
+                      round(max(per_second) FILTER (WHERE metric = 'DataWriteBytes') / 1e6, 1) AS peak_write_mb_s
+               FROM t GROUP BY file_system_id ORDER BY file_system_id"""
+        ).fetch_df()
     summary = {
         "dagster/row_count": int(rows),
         "partitions": ", ".join(tables),

@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from foxhunt_obs.lib.analysis.training_health import Thresholds, build_training_health, runs_frame
+from foxhunt_obs.lib.analysis.training_health import Thresholds, build_training_health, mlflow_key, runs_frame
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import TRAINING_HEALTH, TRAINING_HISTORY, TRAINING_METRICS, TRAINING_RUNS
 from foxhunt_obs.lib.sources.mlflow import MlflowRun, MlflowSource, MlflowSourceError
@@ -85,7 +85,8 @@ def training_runs(lake: Lake, source: MlflowSource) -> Built:
     lake.write_partition(TRAINING_RUNS, SNAPSHOT, snapshot)
     nan_runs = (
         lake.query(
-            "SELECT count(DISTINCT run_id) AS n FROM training_history WHERE key = 'actor/loss' AND NOT isfinite(value)"
+            "SELECT count(DISTINCT run_id) AS n FROM training_history WHERE key = $loss AND NOT isfinite(value)",
+            {"loss": mlflow_key("loss")},
         )
         .column("n")[0]
         .as_py()

@@ -25,9 +25,9 @@ def weekly_cost_report(
 ) -> Built:
     """The report on activity_basis (util or sm), sent where `delivery` says (Slack through slack_client)."""
     # imported here: matplotlib costs ~1 s, which every code-location load would pay otherwise
-    from foxhunt_obs.lib.analysis.weekly import weekly_report_data
     from foxhunt_obs.lib.delivery.send import DeliveryError, deliver
-    from foxhunt_obs.lib.delivery.weekly_report import render_weekly_report
+    from foxhunt_obs.lib.report import render_weekly_report
+    from foxhunt_obs.lib.report.data import weekly_report_data
 
     con = lake.connect([UTILIZATION_PER_DOLLAR, COST_ALLOCATION, OUTCOME_PER_DOLLAR, COSTS_DAILY])
     try:

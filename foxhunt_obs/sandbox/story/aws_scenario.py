@@ -34,7 +34,7 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from foxhunt_obs.sandbox.story.scenario import _Parser
+    from foxhunt_obs.sandbox.story.scenario import ScenarioParser
 
 COST_TAG_KEYS = ("Project", "Environment", "Experiment")  # the cost allocation tags (seed 000)
 DEPLOYMENT_TYPES = ("PERSISTENT_1", "PERSISTENT_2", "SCRATCH_1", "SCRATCH_2")
@@ -157,7 +157,7 @@ class Aws:
         raise KeyError(f"no FSx file system {name!r}")
 
 
-def parse_aws(p: _Parser, d: Any) -> Aws:
+def parse_aws(p: ScenarioParser, d: Any) -> Aws:
     """The ``aws:`` block; ``p`` is the scenario's parser (nodes, experiments and the window are known)."""
     d = p.fields(d, "aws", {"account_id", "region"}, {"tags", "fsx", "billed", "budget", "incidents"})
     account = d["account_id"]
@@ -194,7 +194,7 @@ def parse_aws(p: _Parser, d: Any) -> Aws:
 
 
 def _number(
-    p: _Parser, value: Any, where: str, what: str, minimum: float = 0.0, strict: bool = False
+    p: ScenarioParser, value: Any, where: str, what: str, minimum: float = 0.0, strict: bool = False
 ) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise p.fail(where, f"{what} must be a number, got {value!r}")
@@ -203,13 +203,13 @@ def _number(
     return float(value)
 
 
-def _whole(p: _Parser, value: Any, where: str, what: str) -> int:
+def _whole(p: ScenarioParser, value: Any, where: str, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise p.fail(where, f"{what} must be a whole number > 0, got {value!r}")
     return value
 
 
-def _decimal(p: _Parser, value: Any, where: str, what: str) -> Decimal:
+def _decimal(p: ScenarioParser, value: Any, where: str, what: str) -> Decimal:
     try:
         v = Decimal(str(value)) if not isinstance(value, bool) else None
     except InvalidOperation:
@@ -219,7 +219,7 @@ def _decimal(p: _Parser, value: Any, where: str, what: str) -> Decimal:
     return v
 
 
-def _tags(p: _Parser, d: Any) -> dict[str, str]:
+def _tags(p: ScenarioParser, d: Any) -> dict[str, str]:
     if not isinstance(d, dict):
         raise p.fail("aws.tags", f"expected a mapping of tag key to value, got {d!r}")
     allowed = [k for k in COST_TAG_KEYS if k != "Experiment"]
@@ -235,7 +235,7 @@ def _tags(p: _Parser, d: Any) -> dict[str, str]:
     return dict(d)
 
 
-def _file_system(p: _Parser, i: int, d: Any) -> FileSystem:
+def _file_system(p: ScenarioParser, i: int, d: Any) -> FileSystem:
     where = f"aws.fsx[{i}]" + (f" ({d.get('name')!r})" if isinstance(d, dict) else "")
     d = p.fields(
         d,
@@ -289,7 +289,7 @@ def _file_system(p: _Parser, i: int, d: Any) -> FileSystem:
     )
 
 
-def _billed(p: _Parser, d: Any) -> tuple[tuple[S3Bucket, ...], str | None]:
+def _billed(p: ScenarioParser, d: Any) -> tuple[tuple[S3Bucket, ...], str | None]:
     d = p.fields(d, "aws.billed", set(), {"s3_buckets", "eks_cluster"})
     raw = d.get("s3_buckets") or []
     if not isinstance(raw, list):
@@ -309,7 +309,7 @@ def _billed(p: _Parser, d: Any) -> tuple[tuple[S3Bucket, ...], str | None]:
     return tuple(buckets), eks
 
 
-def _budget(p: _Parser, d: Any) -> Budget:
+def _budget(p: ScenarioParser, d: Any) -> Budget:
     d = p.fields(d, "aws.budget", {"name", "limit_usd"}, {"alert_pct"})
     if not isinstance(d["name"], str) or not d["name"]:
         raise p.fail("aws.budget", f"name must be a non-empty string, got {d['name']!r}")
@@ -319,7 +319,7 @@ def _budget(p: _Parser, d: Any) -> Budget:
     return Budget(d["name"], _decimal(p, d["limit_usd"], "aws.budget", "limit_usd"), alert)
 
 
-def _minute(p: _Parser, value: Any, unit_s: int, where: str, what: str) -> int:
+def _minute(p: ScenarioParser, value: Any, unit_s: int, where: str, what: str) -> int:
     """Seconds for hours/minutes (or "H:MM[:SS]"), on CloudWatch's minute grid (not the scrape grid)."""
     if isinstance(value, str) and ":" in value:
         try:
@@ -334,7 +334,7 @@ def _minute(p: _Parser, value: Any, unit_s: int, where: str, what: str) -> int:
     return k * MINUTE_S
 
 
-def _incident(p: _Parser, i: int, d: Any, fsx: dict[str, FileSystem]) -> FsxFill | StrayInstance:
+def _incident(p: ScenarioParser, i: int, d: Any, fsx: dict[str, FileSystem]) -> FsxFill | StrayInstance:
     kind = d.get("kind") if isinstance(d, dict) else None
     where = f"aws.incidents[{i}] ({kind})"
     if kind not in AWS_INCIDENT_KINDS:
@@ -369,7 +369,7 @@ def _incident(p: _Parser, i: int, d: Any, fsx: dict[str, FileSystem]) -> FsxFill
     )
 
 
-def _stray(p: _Parser, where: str, d: dict) -> StrayInstance:
+def _stray(p: ScenarioParser, where: str, d: dict) -> StrayInstance:
     d = p.fields(d, where, {"kind", "name", "instance_type", "start_h", "hours"}, {"experiment"})
     if not isinstance(d["name"], str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", d["name"]):
         raise p.fail(where, f"name must be a word (letters, digits, _ . -), got {d['name']!r}")
@@ -396,7 +396,7 @@ def _stray(p: _Parser, where: str, d: dict) -> StrayInstance:
     )
 
 
-def _check_fills(p: _Parser, fsx: tuple[FileSystem, ...], fills: tuple[FsxFill, ...]) -> None:
+def _check_fills(p: ScenarioParser, fsx: tuple[FileSystem, ...], fills: tuple[FsxFill, ...]) -> None:
     end = p.hours * 3600
     for fs in fsx:
         mine = sorted((f for f in fills if f.fsx == fs.name), key=lambda f: f.start_s)

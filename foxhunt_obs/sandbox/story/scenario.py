@@ -355,10 +355,10 @@ def parse_scenario(source: str, origin: str = "<string>") -> Scenario:
         raise ScenarioError(f"scenario {origin}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
         raise ScenarioError(f"scenario {origin}: expected a mapping at the top level")
-    return _Parser(origin).parse(raw, source)
+    return ScenarioParser(origin).parse(raw, source)
 
 
-class _Parser:
+class ScenarioParser:
     """Turns the raw YAML mapping into a Scenario; every error names the file and the item."""
 
     def __init__(self, origin: str):

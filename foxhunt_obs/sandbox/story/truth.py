@@ -87,10 +87,10 @@ from datetime import datetime, timedelta
 import numpy as np
 import pandas as pd
 
+from foxhunt_obs.lib.names import UNATTRIBUTED
 from foxhunt_obs.sandbox.story.scenario import MigSlice, Node, Pod, Scenario
 from foxhunt_obs.sandbox.writers import bills
 
-UNATTRIBUTED = "unattributed"
 MEM_CLOCK_MHZ = 1593  # A100 80GB HBM2e
 SM_CLOCK_BUSY_MHZ, SM_CLOCK_IDLE_MHZ = 1410, 210
 GR_OF_UTIL = 0.95  # a whole GPU's GR_ENGINE_ACTIVE, as a share of its GPU_UTIL

@@ -36,7 +36,7 @@ from foxhunt_obs.lib.settings import SETTINGS
 from foxhunt_obs.sandbox.servers.alertmanager import ALERTMANAGER, AlertmanagerServer
 from foxhunt_obs.sandbox.servers.local_server import free_port
 from foxhunt_obs.sandbox.servers.slack_standin import SlackStandIn
-from foxhunt_obs_tests.lib.delivery.test_send import _unchained
+from foxhunt_obs_tests.lib.delivery.test_send import unchained
 
 SECRET = "whsec-do-not-log-0123456789"
 TOKEN = "xoxb-0000-1111-alert-token-do-not-log"
@@ -220,7 +220,7 @@ def test_alertmanager_4xx_is_raised_at_once_with_its_message(alertmanager):
         sink.send([note("fp-am-404")])
     assert time.monotonic() - started < 1.0  # no retry
     assert str(info.value).startswith(f"alertmanager {alertmanager.url}/no/such/prefix: HTTP 404")
-    assert info.value.sink == "alertmanager" and _unchained(info.value)
+    assert info.value.sink == "alertmanager" and unchained(info.value)
 
 
 def test_alertmanager_down_names_the_url_not_the_password(fast_retries, caplog):
@@ -232,7 +232,7 @@ def test_alertmanager_down_names_the_url_not_the_password(fast_retries, caplog):
     message = str(info.value)
     assert message.startswith(f"alertmanager http://127.0.0.1:{port}/am: ConnectionError")
     assert "(after 3 attempts)" in message
-    assert AM_PASSWORD not in message + repr(sink) + caplog.text and _unchained(info.value)
+    assert AM_PASSWORD not in message + repr(sink) + caplog.text and unchained(info.value)
 
 
 def test_alertmanager_5xx_is_retried_4xx_is_not(receiver, fast_retries):
@@ -301,7 +301,7 @@ def test_webhook_errors_never_show_the_secret(receiver, fast_retries, caplog):
     dead = WebhookSink(f"http://127.0.0.1:{free_port()}/hook", SECRET)
     with pytest.raises(AlertSinkError, match="webhook http://127.0.0.1:[0-9]+/hook: ConnectionError") as info:
         dead.send([note()])
-    assert SECRET not in str(info.value) + caplog.text and _unchained(info.value)
+    assert SECRET not in str(info.value) + caplog.text and unchained(info.value)
     with pytest.raises(AlertSinkError, match="FOXHUNT_ALERT_WEBHOOK_SECRET is empty"):
         WebhookSink(receiver.url, "")
 
@@ -346,7 +346,7 @@ def test_slack_error_names_the_channel_not_the_token(slack, caplog):
     assert message.startswith(f"slack #no-such-channel: chat.postMessage (via {slack.url}/api/) failed: ")
     assert "channel_not_found" in message
     assert "invite the bot" in message and len(slack.requests) == 1  # stops at the first refusal
-    assert TOKEN not in message + caplog.text and _unchained(info.value)
+    assert TOKEN not in message + caplog.text and unchained(info.value)
     with pytest.raises(AlertSinkError, match="slack #x: SLACK_BOT_TOKEN is empty"):
         SlackAlertSink("#x", slack_web_client(" ", slack.url))  # and SLACK_BOT_TOKEN unset
 

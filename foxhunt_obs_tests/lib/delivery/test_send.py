@@ -24,13 +24,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from foxhunt_obs.defs.resources import ReportResource, SlackBotResource
-from foxhunt_obs.lib.delivery import render_weekly_report, send
+from foxhunt_obs.lib.delivery import send
 from foxhunt_obs.lib.delivery.send import DeliveryError
 from foxhunt_obs.lib.delivery.slack_client import slack_web_client
-from foxhunt_obs.lib.delivery.weekly_report import money
+from foxhunt_obs.lib.report import render_weekly_report
+from foxhunt_obs.lib.report.formatting import money
 from foxhunt_obs.lib.settings import SETTINGS
 from foxhunt_obs.sandbox.servers.slack_standin import SlackStandIn
-from foxhunt_obs_tests.lib.delivery.test_weekly_report import PNG_SIGNATURE, WEEK, make_data
+from foxhunt_obs_tests.lib.report.test_weekly_report import PNG_SIGNATURE, WEEK, make_data
 
 PASSWORD = "s3cr3t-Pa55word-do-not-log"
 TOKEN = "xoxb-0000-1111-token-do-not-log"
@@ -56,7 +57,7 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def _unchained(exc: BaseException) -> bool:
+def unchained(exc: BaseException) -> bool:
     """No original exception (whose text or locals could hold a secret) rides along in the traceback."""
     return exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)
 
@@ -242,7 +243,7 @@ def test_wrong_password_names_the_server_not_the_password(smtp, report, monkeypa
     message = str(info.value)
     assert f"127.0.0.1:{port}" in message and "login failed: SMTPAuthenticationError: 535 5.7.8" in message
     assert PASSWORD not in message and PASSWORD not in caplog.text
-    assert _unchained(info.value)
+    assert unchained(info.value)
     assert info.value.failures.keys() == {"email"} and info.value.delivered == []
     assert inbox.auth and not inbox.auth[0][2] and inbox.messages == []
 
@@ -280,7 +281,7 @@ def test_dead_smtp_port_names_host_and_port(report, monkeypatch):
     with pytest.raises(DeliveryError, match=rf"email via SMTP 127\.0\.0\.1:{port}: connect failed") as info:
         deliver(report, WEEK)
     assert "ConnectionRefusedError" in str(info.value)
-    assert PASSWORD not in str(info.value) and PASSWORD not in repr(info.value) and _unchained(info.value)
+    assert PASSWORD not in str(info.value) and PASSWORD not in repr(info.value) and unchained(info.value)
 
 
 def test_starttls_verifies_the_server_certificate(smtp, report, monkeypatch, tmp_path):
@@ -371,7 +372,7 @@ def test_slack_error_names_the_channel_not_the_token(slack, report, monkeypatch,
     message = str(info.value)
     assert "slack #no-such-channel" in message and "channel_not_found" in message
     assert "invite the bot" in message
-    assert TOKEN not in message and TOKEN not in caplog.text and _unchained(info.value)
+    assert TOKEN not in message and TOKEN not in caplog.text and unchained(info.value)
     assert [r["path"] for r in slack.requests] == ["/api/chat.postMessage"]  # nothing uploaded
 
 
@@ -425,3 +426,42 @@ def test_nothing_configured_sends_nothing(slack, report, monkeypatch):
 
     assert deliver(report, WEEK, link=LINK, slack_client=no_client) == []
     assert slack.requests == [] and time.monotonic() - started < 1.0
+
+
+def test_both_deliveries_share_one_error_text():
+    """errors.py and slack_client.slack_error_text: the texts the report's sender and the alert sinks show."""
+    import smtplib
+
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.web import SlackResponse
+
+    from foxhunt_obs.lib.delivery.errors import failure_text, scrub_secrets
+    from foxhunt_obs.lib.delivery.slack_client import slack_error_text
+
+    b64 = "czNjcjN0LVBhNTV3b3JkLWRvLW5vdC1sb2c="  # PASSWORD, base64-encoded
+    assert scrub_secrets(f"{PASSWORD} / {b64} / x", PASSWORD, "") == "*** / *** / x"
+    assert (
+        failure_text(smtplib.SMTPAuthenticationError(535, b"5.7.8 no"))
+        == "SMTPAuthenticationError: 535 5.7.8 no"
+    )
+    assert failure_text(OSError(f"refused {PASSWORD}"), PASSWORD) == "OSError: refused ***"
+    assert failure_text(TimeoutError()) == "TimeoutError"
+
+    def slack_error(error: str | None, status: int = 200) -> SlackApiError:
+        data = {"ok": False, **({"error": error} if error else {})}
+        response = SlackResponse(
+            client=None, http_verb="POST", api_url="", req_args={}, data=data, headers={}, status_code=status
+        )
+        return SlackApiError("refused", response)
+
+    invite = " (check the channel name and invite the bot to the channel)"
+    assert slack_error_text(slack_error("not_in_channel"), TOKEN) == "not_in_channel" + invite
+    assert slack_error_text(slack_error("channel_not_found"), TOKEN) == "channel_not_found" + invite
+    assert slack_error_text(slack_error("invalid_auth"), TOKEN) == "invalid_auth (check SLACK_BOT_TOKEN)"
+    assert slack_error_text(slack_error("missing_scope"), TOKEN, send.SLACK_SCOPES) == (
+        "missing_scope (the bot needs the chat:write and files:write scopes)"
+    )
+    assert slack_error_text(slack_error("missing_scope"), TOKEN) == "missing_scope"
+    assert slack_error_text(slack_error(None, 502), TOKEN) == "HTTP 502"
+    assert slack_error_text(slack_error(f"odd {TOKEN}"), TOKEN) == "odd ***"
+    assert slack_error_text(ConnectionError(f"down {TOKEN}"), TOKEN) == "ConnectionError: down ***"

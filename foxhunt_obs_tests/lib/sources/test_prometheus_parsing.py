@@ -142,10 +142,10 @@ def test_warnings_and_infos_after_the_data_are_a_complete_answer():
 def test_a_422_says_what_it_means(error, hint):
     import requests
 
-    from foxhunt_obs.lib.sources.prometheus import _describe
+    from foxhunt_obs.lib.sources.prometheus import http_error_text
 
     r = requests.Response()
     r.status_code = 422
     r._content = json.dumps({"status": "error", "errorType": "execution", "error": error}).encode()
-    text = _describe(r)
+    text = http_error_text(r)
     assert text.startswith(f"HTTP 422 execution: {error}") and f"({hint}" in text

@@ -72,7 +72,7 @@ spend AS (
 ),
 sr AS (
   SELECT m.run_id, m.ts, m.step, m.value FROM training_metrics m SEMI JOIN runs USING (run_id)
-  WHERE m.key = 'success_rate' AND m.ts < $day_end AND isfinite(m.value)
+  WHERE m.key = $success_rate_key AND m.ts < $day_end AND isfinite(m.value)
 ),
 success AS (
   SELECT run_id, arg_min(value, (ts, step)) AS success_start, arg_max(value, (ts, step)) AS success_end,

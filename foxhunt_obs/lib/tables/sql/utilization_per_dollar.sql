@@ -21,7 +21,7 @@ per_experiment AS (
   FROM a WHERE experiment <> '' GROUP BY experiment
 ),
 cluster AS (
-  SELECT '(cluster idle)' AS experiment,
+  SELECT $cluster_idle AS experiment,
          sum(gpu_seconds - held_seconds) / 3600.0 AS gpu_hours,
          coalesce(sum(active_gpu_seconds) FILTER (WHERE kind = 'gpu' AND experiment = ''), 0) / 3600.0,
          sum(unallocated_usd), sum(unallocated_usd),
@@ -44,4 +44,4 @@ SELECT CAST($key AS DATE) AS day, experiment, gpu_hours, active_gpu_hours,
        sm_active_gpu_hours,
        sm_active_gpu_hours / nullif(allocated_usd - sm_unknown_activity_usd, 0) AS sm_active_gpu_hours_per_usd,
        sm_idle_usd, sm_unknown_activity_usd
-FROM rows ORDER BY experiment = '(cluster idle)', experiment
+FROM rows ORDER BY experiment = $cluster_idle, experiment

@@ -1,8 +1,9 @@
--- Named statements for the weekly report; each reads $first and $last ('YYYY-MM-DD', inclusive).
+-- Named statements for the weekly report; each reads $first and $last ('YYYY-MM-DD', inclusive),
+-- and $cluster_idle where it names it (lib/names.py: SQL_PARAMETERS).
 -- name: daily
 SELECT CAST(day AS DATE) AS day, experiment, allocated_usd, idle_usd, gpu_hours, active_gpu_hours
 FROM utilization_per_dollar WHERE day >= $first AND day <= $last
-ORDER BY day, experiment = '(cluster idle)', experiment;
+ORDER BY day, experiment = $cluster_idle, experiment;
 -- name: experiments
 -- over the known part only, as utilization_per_dollar: unknown activity is neither busy nor idle
 SELECT experiment, sum(gpu_hours) AS gpu_hours, sum(active_gpu_hours) AS active_gpu_hours,
@@ -23,7 +24,7 @@ SELECT experiment, sum(gpu_hours) AS gpu_hours, sum(active_gpu_hours) AS active_
        coalesce(sum(sm_idle_usd), 0) AS sm_idle_usd,
        sum(coalesce(sm_unknown_activity_usd, allocated_usd)) AS sm_unknown_activity_usd
 FROM utilization_per_dollar WHERE day >= $first AND day <= $last
-GROUP BY experiment ORDER BY experiment = '(cluster idle)', allocated_usd DESC, experiment;
+GROUP BY experiment ORDER BY experiment = $cluster_idle, allocated_usd DESC, experiment;
 -- name: wastes
 -- a pod is (namespace, pod): the same name in two namespaces is two pods
 SELECT pod, namespace, experiment, node, count(DISTINCT uuid) AS gpus, sum(held_seconds) / 3600.0 AS held_gpu_hours,

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from foxhunt_obs.lib.delivery import render_weekly_report
-from foxhunt_obs_tests.lib.delivery.test_weekly_report import make_data
+from foxhunt_obs.lib.report import render_weekly_report
+from foxhunt_obs_tests.lib.report.test_weekly_report import make_data
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 pytestmark = [

@@ -1,5 +1,6 @@
-"""The weekly cost report's figures, read from the lake (utilization_per_dollar, cost_allocation,
-outcome_per_dollar, costs_daily) for one week starting Monday 00:00 UTC."""
+"""The weekly cost report's input, read from the lake (utilization_per_dollar, cost_allocation,
+outcome_per_dollar, costs_daily) for one week starting Monday 00:00 UTC by the named statements of
+tables/sql/weekly.sql; the frames come out as render_weekly_report expects them (WeeklyReportData)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,25 @@ from functools import cache
 import duckdb
 import pandas as pd
 
-from foxhunt_obs.lib.delivery.weekly_report import WeeklyReportData
+from foxhunt_obs.lib.names import CLUSTER_IDLE, SQL_PARAMETERS
+from foxhunt_obs.lib.report.model import WeeklyReportData
 from foxhunt_obs.lib.tables.cost_model import SQL_DIR
 
 
 @cache
 def statements() -> dict[str, str]:
+    """weekly.sql's statements by name (its `-- name: …` lines)."""
     text = (SQL_DIR / "weekly.sql").read_text()
     parts = re.split(r"^-- name: (\w+)\n", text, flags=re.M)
     return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2])}
 
 
 def _frame(con: duckdb.DuckDBPyConnection, name: str, first: date, last: date) -> pd.DataFrame:
-    return con.execute(statements()[name], {"first": first.isoformat(), "last": last.isoformat()}).fetch_df()
+    sql = statements()[name]
+    values = {"first": first.isoformat(), "last": last.isoformat(), **SQL_PARAMETERS}
+    # DuckDB refuses a parameter the statement does not name: pass the statement's own
+    named = set(re.findall(r"\$(\w+)", sql))
+    return con.execute(sql, {k: v for k, v in values.items() if k in named}).fetch_df()
 
 
 def weekly_report_data(
@@ -39,7 +46,7 @@ def weekly_report_data(
     # the bill: CUR when it has landed, else Cost Explorer; NaN before either
     bill_usd = bill.cur_usd if bill.cur_rows else (bill.ce_usd if bill.ce_rows else math.nan)
     covered = bill.cur_estimated_services_usd if bill.cur_rows else math.nan
-    is_cluster = experiments.experiment == "(cluster idle)"
+    is_cluster = experiments.experiment == CLUSTER_IDLE
     totals = {
         "bill_usd": float(bill_usd),
         "estimate_usd": float(bill.estimate_usd),

@@ -17,8 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from foxhunt_obs.lib.delivery import COST_POLICY, ReportDataError, WeeklyReportData, render_weekly_report
-from foxhunt_obs.lib.delivery.charts import CLUSTER_IDLE, IDLE_GREY, OTHER, chart_series, experiment_colours
+from foxhunt_obs.lib.names import CLUSTER_IDLE
+from foxhunt_obs.lib.names import OTHER_EXPERIMENTS as OTHER
+from foxhunt_obs.lib.report import render_weekly_report
+from foxhunt_obs.lib.report.charts import IDLE_GREY, chart_series, experiment_colours
+from foxhunt_obs.lib.report.model import COST_POLICY, ReportDataError, WeeklyReportData
 
 WEEK = date(2026, 11, 16)  # a Monday
 EXPERIMENTS = ("ppo-ant", "sac-humanoid", "dreamer-v3")
@@ -207,8 +210,8 @@ def test_rendering_is_deterministic_across_processes(report):
     """Another interpreter with another hash seed (set order) gives the same bytes."""
     code = (
         "import hashlib, sys\n"
-        "from foxhunt_obs_tests.lib.delivery.test_weekly_report import make_data\n"
-        "from foxhunt_obs.lib.delivery import render_weekly_report\n"
+        "from foxhunt_obs_tests.lib.report.test_weekly_report import make_data\n"
+        "from foxhunt_obs.lib.report import render_weekly_report\n"
         "r = render_weekly_report(make_data())\n"
         "print(hashlib.sha256(r.html.encode()).hexdigest())\n"
     )
@@ -381,7 +384,7 @@ def test_colours_are_per_experiment_and_many_experiments_are_lumped():
     assert all(n in r.markdown for n in names)  # tables keep every experiment
 
 
-if __name__ == "__main__":  # python -m foxhunt_obs_tests.lib.delivery.test_weekly_report OUT_DIR
+if __name__ == "__main__":  # python -m foxhunt_obs_tests.lib.report.test_weekly_report OUT_DIR
     out = sys.argv[1]
     report = render_weekly_report(make_data())
     os.makedirs(out, exist_ok=True)

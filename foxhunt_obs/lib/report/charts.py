@@ -23,8 +23,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-CLUSTER_IDLE = "(cluster idle)"
-OTHER = "(other experiments)"
+from foxhunt_obs.lib.names import CLUSTER_IDLE, OTHER_EXPERIMENTS
+
 MAX_SERIES = 10
 SIZE_INCHES = (9.0, 4.0)
 DPI = 100  # 900 x 400 px
@@ -61,7 +61,7 @@ def chart_series(experiments: pd.DataFrame, max_series: int = MAX_SERIES) -> lis
     # sort by $ desc, ties by name, so the order does not depend on the frame's row order
     ranked = sorted(named.items(), key=lambda kv: (-kv[1], kv[0]))
     keep = [name for name, _ in ranked]
-    series = keep[:max_series] if len(keep) <= max_series else keep[: max_series - 1] + [OTHER]
+    series = keep[:max_series] if len(keep) <= max_series else keep[: max_series - 1] + [OTHER_EXPERIMENTS]
     if CLUSTER_IDLE in spend.index:
         series.append(CLUSTER_IDLE)
     return series
@@ -70,10 +70,10 @@ def chart_series(experiments: pd.DataFrame, max_series: int = MAX_SERIES) -> lis
 def experiment_colours(series: Iterable[str]) -> dict[str, str]:
     """One colour per series: grey for the cluster idle, dark grey for the lump, the palette in name order
     for the rest (name order, not $ order, so a colour changes less from one week to the next)."""
-    names = sorted({s for s in series if s not in (CLUSTER_IDLE, OTHER)})
+    names = sorted({s for s in series if s not in (CLUSTER_IDLE, OTHER_EXPERIMENTS)})
     colours = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
     colours[CLUSTER_IDLE] = IDLE_GREY
-    colours[OTHER] = OTHER_COLOUR
+    colours[OTHER_EXPERIMENTS] = OTHER_COLOUR
     return colours
 
 
@@ -167,7 +167,7 @@ def _lump(frame: pd.DataFrame, series: Sequence[str]) -> pd.DataFrame:
         return frame.assign(series=pd.Series(dtype=object))
     charted = set(series)
     names = frame["experiment"].astype(str)
-    return frame.assign(series=names.where(names.isin(charted), OTHER))
+    return frame.assign(series=names.where(names.isin(charted), OTHER_EXPERIMENTS))
 
 
 @contextmanager
@@ -212,8 +212,6 @@ def _money_label(value: float) -> str:
 
 
 __all__ = [
-    "CLUSTER_IDLE",
-    "OTHER",
     "chart_series",
     "daily_spend_png",
     "experiment_colours",

@@ -1,0 +1,59 @@
+"""The weekly report as Markdown, for the Dagster UI (dg.MetadataValue.md): pipe tables, bold figures, the
+charts as data: URIs. Strings from data get HTML entities and backslashes before Markdown punctuation, so
+a name can neither break a table nor inject a link, an image or HTML."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from html import escape
+
+import pandas as pd
+
+from foxhunt_obs.lib.report.model import Bullets, Heading, Image, Para, Span, Stats, Table, data_uri
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#~!])")
+
+
+def md_escape(text: str) -> str:
+    """User text inside Markdown: one line, HTML entities for <>&, backslashes before Markdown punctuation
+    (so a name can neither break a table with "|" nor inject a link, image or HTML)."""
+    text = re.sub(r"\s+", " ", str(text))
+    return escape(_MD_SPECIAL.sub(r"\\\1", text), quote=False)
+
+
+def _md_spans(spans: Iterable[Span]) -> str:
+    return "".join(f"**{md_escape(s.text)}**" if s.strong else md_escape(s.text) for s in spans)
+
+
+def _md_table(t: Table) -> str:
+    rows = [tuple(md_escape(c) for c in row) for row in t.rows]
+    if t.total is not None:
+        rows.append(tuple(f"**{md_escape(c)}**" if c else "" for c in t.total))
+    frame = pd.DataFrame(rows, columns=[md_escape(c) for c in t.columns])
+    align = ["right" if n else "left" for n in t.numeric]
+    return frame.to_markdown(index=False, disable_numparse=True, colalign=align)
+
+
+def to_markdown(blocks: Sequence, charts: dict[str, bytes]) -> str:
+    """The blocks as one Markdown text; an Image's PNG comes from charts by name."""
+    out: list[str] = []
+    for b in blocks:
+        if isinstance(b, Heading):
+            out.append("#" * b.level + " " + md_escape(b.text))
+        elif isinstance(b, Para):
+            text = _md_spans(b.spans)
+            out.append(f"_{text}_" if b.note else text)
+        elif isinstance(b, Bullets):
+            out.append("\n".join("- " + _md_spans(item) for item in b.items))
+        elif isinstance(b, Stats):
+            out.append(
+                "\n".join(
+                    f"- **{md_escape(f.label)}: {md_escape(f.value)}** ({md_escape(f.note)})" for f in b.items
+                )
+            )
+        elif isinstance(b, Table):
+            out.append(_md_table(b))
+        elif isinstance(b, Image):
+            out.append(f"![{md_escape(b.alt)}]({data_uri(charts[b.name])})")
+    return "\n\n".join(out) + "\n"
