@@ -34,6 +34,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from foxhunt_obs.lib.schemas import TABLES, TableSpec
+from foxhunt_obs.lib.settings import default
 
 FILE_NAME = "part-0.parquet"
 STALE_TEMP_S = 3600  # a temp file this old is a killed writer's, not a running one's
@@ -62,7 +63,7 @@ class Lake:
     bucket's; None leaves them to boto3's and pyarrow's own defaults."""
 
     def __init__(self, root: str, region: str | None = None, endpoint_url: str | None = None):
-        self.region, self.endpoint_url = region or "us-east-1", endpoint_url or None
+        self.region, self.endpoint_url = region or default("AWS_REGION"), endpoint_url or None
         root = str(root)
         self.is_s3 = root.startswith("s3://")
         self.root = "s3://" + root[5:].strip("/") if self.is_s3 else os.path.abspath(root)

@@ -191,7 +191,9 @@ def scraped(tmp_path_factory):
             if up and up[0][1] == len(scrape) and rules and rules[0][1] >= 17:
                 break
             time.sleep(0.5)
-        time.sleep(3)
+        # the 4 s window below must start after every target's first scrape: under load a window
+        # starting earlier saw node_exporter before kube-state-metrics (no instance id for a step)
+        time.sleep(6)
         end = float(int(time.time()))
         table = collect_gpu_samples(
             client, load_catalog(), Window(end - 4, end, 1.0, "real pages"), node_labels=NODE_LABELS

@@ -17,6 +17,7 @@ from foxhunt_obs.lib.alerts import state as alert_state
 from foxhunt_obs.lib.alerts.collect import Sources, collect
 from foxhunt_obs.lib.alerts.rules import Rule
 from foxhunt_obs.lib.delivery.alert_sinks import AlertSink, AlertSinkError, Notification
+from foxhunt_obs.lib.settings import default
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def tick(
     sinks: list[AlertSink],
     cursor: str | None,
     now: datetime,
-    dagster_url: str = "http://127.0.0.1:3000",
+    dagster_url: str = default("FOXHUNT_DAGSTER_URL"),
     budget_s: float | None = None,
     source_budget_s: float | None = None,
     sink_budget_s: float | None = None,
@@ -308,7 +309,7 @@ def replay(
     start: datetime,
     end: datetime,
     every_s: float = 300,
-    dagster_url: str = "http://127.0.0.1:3000",
+    dagster_url: str = default("FOXHUNT_DAGSTER_URL"),
     cursor: str | None = None,
 ) -> tuple[list[tuple[datetime, Notification]], str | None]:
     """Ticks from start to end (exclusive) as if the sensor had run every `every_s` seconds back then:

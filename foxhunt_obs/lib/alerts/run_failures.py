@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 from foxhunt_obs.lib.alerts.engine import TickReport, deliver, drop_stale, transition_key
 from foxhunt_obs.lib.delivery.alert_sinks import Notification, notification_dict
 from foxhunt_obs.lib.redact import scrub
+from foxhunt_obs.lib.settings import default
 
 RULE = "dagster_run_failed"
 FIRST_LOOKBACK = timedelta(hours=1)  # a sensor without a cursor reports the failures of the last hour
@@ -98,7 +99,7 @@ def tick(
     failed: list[FailedRun],
     sinks: list,
     now: datetime,
-    dagster_url: str = "http://127.0.0.1:3000",
+    dagster_url: str = default("FOXHUNT_DAGSTER_URL"),
     budget_s: float | None = None,
     sink_budget_s: float | None = None,
 ) -> tuple[Cursor, TickReport]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import date, datetime, time, timezone
+from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 
 import pyarrow as pa
 
 from foxhunt_obs.lib.analysis.prices import PriceTable, hours_in_month
-from foxhunt_obs.lib.schemas import COSTS_DAILY
+from foxhunt_obs.lib.schemas import COSTS_DAILY, NODE_SAMPLES
 
 # node-hours per node and instance type over one UTC day of node_samples (hour partitions of the day)
 NODE_HOURS_SQL = """
@@ -111,7 +111,7 @@ def _row(day: date, service: str, resource_id: str, cost: Decimal, quantity: flo
 
 def _day_hours(day: date) -> dict[str, str]:
     first = datetime.combine(day, time(), tzinfo=timezone.utc)
-    return {"first_hour": first.strftime("%Y-%m-%dT00"), "last_hour": first.strftime("%Y-%m-%dT23")}
+    return {"first_hour": NODE_SAMPLES.key(first), "last_hour": NODE_SAMPLES.key(first + timedelta(hours=23))}
 
 
 def node_hours(con, day: date) -> list[tuple[str, str, float]]:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from foxhunt_obs.lib.settings import default
+
 PRICES_FILE = Path(__file__).resolve().parents[2] / "data" / "prices.yaml"
 UNITS = ("hour", "GB-month")
 
@@ -68,7 +70,9 @@ class PriceTable:
         return price.usd * q / hours_in_month(at)
 
 
-def load_price_table(region: str = "us-east-1", path: Path | str | None = None) -> PriceTable:
+def load_price_table(
+    region: str = default("FOXHUNT_PRICE_REGION"), path: Path | str | None = None
+) -> PriceTable:
     path = Path(path) if path else PRICES_FILE
     try:
         raw = yaml.safe_load(path.read_text())

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.ingest.metric_catalog import (
     TARGET_LABELS,
     Catalog,
@@ -429,12 +429,7 @@ def collect_node_samples(
     pivot = ", ".join(
         f"max(value) FILTER (WHERE metric = '{m.column}') AS {m.column}" for m in catalog.node_metrics
     )
-    con = duckdb.connect(":memory:")
-    try:
-        con.register("long", long)
-        con.register("types", types)
-        con.register("gpus", gpu_counts)
-        con.register("ids", ids)
+    with scratch(long=long, types=types, gpus=gpu_counts, ids=ids) as con:
         table = con.execute(
             f"""
             WITH wide AS (SELECT epoch_ms(ts_ms) AS ts, node, {pivot} FROM long GROUP BY ts_ms, node),
@@ -456,8 +451,6 @@ def collect_node_samples(
             ORDER BY ts, node
             """
         ).to_arrow_table()
-    finally:
-        con.close()
     return table.select(NODE_SAMPLES.schema.names).cast(NODE_SAMPLES.schema)
 
 
@@ -528,9 +521,7 @@ def missing_core_columns(table: pa.Table, catalog: Catalog) -> dict[str, dict]:
     zero-watt GPU: the asset check fails and names what it looked for."""
     if not table.num_rows:
         return {}
-    con = duckdb.connect(":memory:")
-    try:
-        con.register("t", table.select(["node", "gpu", "uuid", "gpu_instance", *_core(catalog)]))
+    with scratch(t=table.select(["node", "gpu", "uuid", "gpu_instance", *_core(catalog)])) as con:
         gpus = con.execute("SELECT count(*) FROM (SELECT DISTINCT node, gpu, uuid, gpu_instance FROM t)")
         total = gpus.fetchone()[0]
         out = {}
@@ -547,8 +538,6 @@ def missing_core_columns(table: pa.Table, catalog: Catalog) -> dict[str, dict]:
                     names += [s.name for s in catalog.gpu_metric(m.otherwise).sources]
                 out[m.column] = {"gpus": lacking, "of": total, "looked_for": names}
         return out
-    finally:
-        con.close()
 
 
 def _core(catalog: Catalog) -> list[str]:

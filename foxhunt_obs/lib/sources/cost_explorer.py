@@ -28,6 +28,7 @@ import pyarrow as pa
 from botocore.exceptions import BotoCoreError, ClientError
 
 from foxhunt_obs.lib.schemas import COSTS_DAILY
+from foxhunt_obs.lib.settings import cost_tags, default
 from foxhunt_obs.lib.sources.aws import product_code
 
 SOURCE = "ce"
@@ -38,7 +39,7 @@ METRICS = ("UnblendedCost", "AmortizedCost", "UsageQuantity")
 # noise and below anything the reports show (cents), while a restatement or a wrong filter moves a
 # day's pair by much more.
 TOLERANCE_USD = Decimal("0.005")
-_DEFAULT_TAGS = ("Project", "Environment", "Experiment")
+_DEFAULT_TAGS = cost_tags(default("FOXHUNT_COST_TAGS"))
 
 
 USD_PER_CALL = 0.01  # Cost Explorer's API price per request (every page is a request)

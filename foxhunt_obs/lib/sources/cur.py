@@ -34,9 +34,10 @@ import pyarrow.parquet as pq
 from botocore.exceptions import BotoCoreError, ClientError
 
 from foxhunt_obs.lib.schemas import COSTS_HOURLY, TS
+from foxhunt_obs.lib.settings import cost_tags, default
 from foxhunt_obs.lib.sources.aws import tag_column
 
-_DEFAULT_TAGS = ("Project", "Environment", "Experiment")
+_DEFAULT_TAGS = cost_tags(default("FOXHUNT_COST_TAGS"))
 _PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 
 # CUR 2.0 column names. Required ones must be in every data file; optional ones default when absent.

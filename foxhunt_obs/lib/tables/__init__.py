@@ -4,11 +4,8 @@ into the asset's materialization and check results, and `bench/` calls the same 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import duckdb
 import pandas as pd
 import pyarrow as pa
 
@@ -68,16 +65,3 @@ def md_table(df: pd.DataFrame, empty: str = "none", floatfmt: str | None = ".2f"
     return Markdown(
         df.to_markdown(index=False, floatfmt=floatfmt) if floatfmt else df.to_markdown(index=False)
     )
-
-
-@contextmanager
-def scratch(**tables: pa.Table) -> Iterator[duckdb.DuckDBPyConnection]:
-    """An in-memory DuckDB with each of `tables` registered as a view of its name, closed on the way out
-    (on an error too): the one way a table function queries the rows it just built."""
-    con = duckdb.connect(":memory:")
-    try:
-        for name, table in tables.items():
-            con.register(name, table)
-        yield con
-    finally:
-        con.close()

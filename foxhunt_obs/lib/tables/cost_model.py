@@ -21,7 +21,7 @@ import pyarrow as pa
 from foxhunt_obs.lib.analysis.prices import PriceTable
 from foxhunt_obs.lib.analysis.training_health import mlflow_key
 from foxhunt_obs.lib.names import SQL_PARAMETERS
-from foxhunt_obs.lib.schemas import COST_ALLOCATION, OUTCOME_PER_DOLLAR, UTILIZATION_PER_DOLLAR
+from foxhunt_obs.lib.schemas import COST_ALLOCATION, NODE_SAMPLES, OUTCOME_PER_DOLLAR, UTILIZATION_PER_DOLLAR
 
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 
@@ -39,8 +39,8 @@ def _bounds(day: date) -> dict:
         "success_rate_key": mlflow_key("success_rate"),
         "day": day,
         "key": day.isoformat(),
-        "first_hour": start.strftime("%Y-%m-%dT00"),
-        "last_hour": start.strftime("%Y-%m-%dT23"),
+        "first_hour": NODE_SAMPLES.key(start),
+        "last_hour": NODE_SAMPLES.key(start + timedelta(hours=23)),
         "day_start": start,
         "day_end": start + timedelta(days=1),
     }

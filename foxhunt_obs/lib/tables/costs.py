@@ -21,13 +21,14 @@ from foxhunt_obs.lib.analysis.cost_estimate import (
     node_hours,
 )
 from foxhunt_obs.lib.analysis.prices import load_price_table
+from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY, COSTS_HOURLY, FSX_METRICS, NODE_SAMPLES
 from foxhunt_obs.lib.sources.budgets import BudgetsSource, account_id, forecast_table
 from foxhunt_obs.lib.sources.cost_explorer import CostExplorerSource
 from foxhunt_obs.lib.sources.cur import CurSource
 from foxhunt_obs.lib.sources.fsx import FsxSource
-from foxhunt_obs.lib.tables import Built, Check, Markdown, md_table, row_count, scratch
+from foxhunt_obs.lib.tables import Built, Check, Markdown, md_table, row_count
 
 # CUR line items of one day summed per resource and tag set: the `cur` rows of costs_daily
 CUR_DAILY_SQL = """

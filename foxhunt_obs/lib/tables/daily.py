@@ -11,6 +11,7 @@ import duckdb
 import pyarrow as pa
 
 from foxhunt_obs.lib.analysis.prices import PriceTable
+from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.names import CLUSTER_IDLE
 from foxhunt_obs.lib.schemas import (
@@ -26,7 +27,7 @@ from foxhunt_obs.lib.schemas import (
     UTILIZATION_PER_DOLLAR,
     TableSpec,
 )
-from foxhunt_obs.lib.tables import Built, Check, frame, md_table, row_count, scratch
+from foxhunt_obs.lib.tables import Built, Check, frame, md_table, row_count
 from foxhunt_obs.lib.tables.cost_model import (
     build_cost_allocation,
     build_outcome_per_dollar,

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 import pyarrow as pa
 
+from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.ingest.gpu_series import (
     Window,
     collect_gpu_samples,
@@ -19,7 +20,7 @@ from foxhunt_obs.lib.lake import Lake, shrink_reason
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES, TableSpec
 from foxhunt_obs.lib.settings import ClusterSettings
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput, md_table, scratch
+from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput, md_table
 
 
 class FewerRows(ValueError):

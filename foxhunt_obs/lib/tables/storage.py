@@ -8,10 +8,11 @@ from datetime import datetime, timedelta
 
 import pyarrow as pa
 
+from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import FSX_METRICS
 from foxhunt_obs.lib.sources.fsx import FsxSource
-from foxhunt_obs.lib.tables import Built, md_table, scratch
+from foxhunt_obs.lib.tables import Built, md_table
 
 
 def fsx_metrics(lake: Lake, source: FsxSource, hours: Sequence[datetime], fsx_ids: list[str] | None) -> Built:
