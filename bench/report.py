@@ -527,6 +527,7 @@ def run_pandas(root: str, out_root: str) -> dict:
     import pyarrow as pa
 
     from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.names import UNATTRIBUTED
     from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES
 
     rss_after_imports = rss_mb()
@@ -554,7 +555,7 @@ def run_pandas(root: str, out_root: str) -> dict:
     for c in ("namespace", "pod"):
         df[c] = df[c].astype(str)
     held = df["pod"] != ""
-    df["experiment"] = np.where(held, df["experiment"].astype(str), "unattributed")
+    df["experiment"] = np.where(held, df["experiment"].astype(str), UNATTRIBUTED)
     df["active"] = df["util"] * df["step_seconds"]
     df["held_s"] = np.where(held, df["step_seconds"], 0.0)
     df["known_s"] = np.where(df["util"].notna(), df["step_seconds"], 0.0)

@@ -359,7 +359,7 @@ def main() -> None:
         },
         "mlflow": (
             "not measured: the sandbox's MLflow store is written through a running `mlflow server` "
-            "(sandbox/mlflow_server.build_store), and the sensor reads MLflow over REST by default; "
+            "(sandbox/servers/mlflow_server.build_store), and the sensor reads MLflow over REST by default; "
             "bench/mlflow_ingest.py measures that source"
         ),
         "target_check": {"tick_p95_s": ours["p95_s"], "ok": ours["p95_s"] <= TARGETS["tick_p95_s"]},

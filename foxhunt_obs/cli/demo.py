@@ -7,7 +7,6 @@ import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import foxhunt_obs.cli.config as config
 from foxhunt_obs.cli.jobs import ensure_dagster_home, run_job
 from foxhunt_obs.cli.sandbox import up
 from foxhunt_obs.cli.summaries import costs_summary, summary, training_summary, weekly_summary
@@ -20,6 +19,7 @@ def alerts_replay(
     notifying a local Alertmanager and the alerts table: what arrived, in order, and whether every
     incident the scenario injected there was found (sandbox/story/expected_alerts.py). The tick at `end` sees
     the last day's costs complete (a cost spike the day before resolves there)."""
+    import foxhunt_obs.cli.config as config
     from foxhunt_obs.lib.alerts.collect import Sources
     from foxhunt_obs.lib.alerts.engine import replay
     from foxhunt_obs.lib.alerts.rules import load_rules

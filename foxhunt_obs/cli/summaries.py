@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from foxhunt_obs.cli.config import lake
 from foxhunt_obs.lib.names import CLUSTER_IDLE
+
+
+def lake():
+    """The lake as the resources configure it (imported when a summary runs: Dagster costs ~2 s)."""
+    from foxhunt_obs.cli.config import lake as configured
+
+    return configured()
 
 
 def summary(start: datetime, end: datetime) -> str:

@@ -1,4 +1,5 @@
-"""The one place resources are built, and the only place (with the CLI) the environment is read.
+"""The one place resources are built, and where (with the CLI, and partitions.py at load) the environment
+is read.
 
 Every setting in lib/settings.py's registry is a field of one of these resources. `resources()` gives each
 field `dg.EnvVar(NAME)` where that variable is set when the code location loads (Dagster reads its value
@@ -29,15 +30,17 @@ from foxhunt_obs.lib.sources.aws import AwsConfig
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 
 
-def setting(name: str):
-    """A resource field bound to the registry's setting `name`: its default, its meaning, its variable."""
+def setting(name: str, fallback: str | None = None):
+    """A resource field bound to the registry's setting `name`: its default, its meaning, its variable;
+    `fallback`: a variable read where `name` is unset (boto3's AWS_DEFAULT_REGION behind AWS_REGION)."""
     s = SETTING[name]
-    return Field(default=s.default, description=f"{s.meaning} ({name})", json_schema_extra={"env": name})
+    extra = {"env": name, **({"fallback_env": fallback} if fallback else {})}
+    return Field(default=s.default, description=f"{s.meaning} ({name})", json_schema_extra=extra)
 
 
-def _setting_of(cls: type, field: str) -> str | None:
+def _setting_of(cls: type, field: str, key: str = "env") -> str | None:
     extra = cls.model_fields[field].json_schema_extra
-    return extra.get("env") if isinstance(extra, dict) else None
+    return extra.get(key) if isinstance(extra, dict) else None
 
 
 class FromSettings:
@@ -50,8 +53,11 @@ class FromSettings:
         resolve=True takes the variables' values now instead: for the CLI and scripts, outside Dagster."""
         values = dict(given)
         for field in cls.model_fields:  # type: ignore[attr-defined]
-            name = _setting_of(cls, field)
-            if name and field not in values and os.environ.get(name):
+            if field in values:
+                continue
+            names = (_setting_of(cls, field), _setting_of(cls, field, "fallback_env"))
+            name = next((n for n in names if n and os.environ.get(n)), None)
+            if name:
                 values[field] = os.environ[name] if resolve else dg.EnvVar(name)
         return cls(**values)
 
@@ -80,7 +86,7 @@ class LakeResource(FromSettings, dg.ConfigurableResource):
     """The Parquet lake: a local folder or s3://bucket/prefix (S3 with its region and endpoint)."""
 
     root: str = setting("FOXHUNT_LAKE")
-    region: str = setting("AWS_REGION")
+    region: str = setting("AWS_REGION", fallback="AWS_DEFAULT_REGION")
     endpoint_url: str = setting("AWS_ENDPOINT_URL")
     s3_endpoint_url: str = setting("AWS_ENDPOINT_URL_S3")
 
@@ -166,7 +172,7 @@ class AwsResource(FromSettings, ResourceWithBoto3Configuration):
     AWS_ENDPOINT_URL: left empty, boto3 resolves AWS_ENDPOINT_URL_<SERVICE> and AWS_ENDPOINT_URL itself
     (one value here would override the per-service ones). Credentials by boto3's usual chain unless given."""
 
-    region_name: str = setting("AWS_REGION")
+    region_name: str = setting("AWS_REGION", fallback="AWS_DEFAULT_REGION")
     retry_mode: Literal["standard", "adaptive"] = "standard"
 
     def config(self) -> AwsConfig:

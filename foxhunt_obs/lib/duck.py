@@ -16,6 +16,7 @@ def scratch(**tables: pa.Table) -> Iterator[duckdb.DuckDBPyConnection]:
     (on an error too): the one way lib/ queries rows it holds."""
     con = duckdb.connect(":memory:")
     try:
+        con.execute("SET TimeZone = 'UTC'")  # as Lake.connect: timestamps print the same on every host
         for name, table in tables.items():
             con.register(name, table)
         yield con

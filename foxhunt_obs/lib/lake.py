@@ -60,7 +60,7 @@ class WriteResult:
 
 class Lake:
     """A lake at ``root``. On S3, ``region`` and ``endpoint_url`` (a moto server, a VPC endpoint) are the
-    bucket's; None leaves them to boto3's and pyarrow's own defaults."""
+    bucket's: no region means AWS_REGION's registry default, no endpoint AWS's own."""
 
     def __init__(self, root: str, region: str | None = None, endpoint_url: str | None = None):
         self.region, self.endpoint_url = region or default("AWS_REGION"), endpoint_url or None

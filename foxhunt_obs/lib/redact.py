@@ -11,14 +11,12 @@ import os
 import re
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-# Settings that hold a secret themselves, and settings that are URLs (whose userinfo may hold one).
+from foxhunt_obs.lib.settings import SETTINGS
+
+# Settings that hold a secret themselves (the registry's, and boto3's own keys), and settings that are
+# URLs (whose userinfo may hold one).
 SECRET_SETTINGS = (
-    "FOXHUNT_PROMETHEUS_BEARER_TOKEN",
-    "MLFLOW_TRACKING_TOKEN",
-    "MLFLOW_TRACKING_PASSWORD",
-    "SLACK_BOT_TOKEN",
-    "FOXHUNT_ALERT_WEBHOOK_SECRET",
-    "FOXHUNT_REPORT_SMTP_PASSWORD",
+    *(s.env for s in SETTINGS if s.secret),
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
 )

@@ -85,7 +85,9 @@ SETTINGS: tuple[Setting, ...] = (
         "Read MLflow's SQL store directly (a read replica: sqlite:///… or postgresql://…): the fast path",
     ),
     Setting(
-        "AWS_REGION", "us-east-1", "AWS region of CloudWatch, FSx, S3 and Budgets (boto3's own variable)"
+        "AWS_REGION",
+        "us-east-1",
+        "AWS region of CloudWatch, FSx, S3 and Budgets (boto3's own variable; else AWS_DEFAULT_REGION)",
     ),
     Setting(
         "AWS_ENDPOINT_URL", "", "An AWS endpoint for every service (boto3's own; the sandbox's moto server)"
@@ -217,7 +219,7 @@ def flag(name: str, raw: str) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(f"{name} must be 1 or 0, got {value!r}")
+    raise ValueError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
 
 
 def cost_tags(raw: str) -> tuple[str, str, str]:

@@ -120,7 +120,7 @@ def test_whole_numbers_where_a_count_is_meant():
         PrometheusResource(max_points="10.5").client()
     with pytest.raises(ValueError, match="FOXHUNT_CE_RESTATE_DAYS must be a positive whole number, got '0'"):
         CostsResource(ce_restate_days="0").restate_days()
-    with pytest.raises(ValueError, match="FOXHUNT_PROMETHEUS_GZIP must be 1 or 0, got 'maybe'"):
+    with pytest.raises(ValueError, match="FOXHUNT_PROMETHEUS_GZIP must be 1 or 0 .*, got 'maybe'"):
         PrometheusResource(gzip="maybe").client()
 
 
@@ -131,3 +131,15 @@ def test_good_numbers_and_defaults(monkeypatch):
     assert ClusterResource.from_env(resolve=True).settings().scrape_step_s == 30.0
     client = PrometheusResource.from_env(resolve=True).client()
     assert client.timeout_s == 120.0 and client.max_points == 11000
+
+
+def test_the_region_falls_back_to_boto3s_older_variable(monkeypatch):
+    from foxhunt_obs.defs.resources import AwsResource
+
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    assert LakeResource.from_env(resolve=True).lake().region == "eu-west-1"
+    assert AwsResource.from_env(resolve=True).config().region_name == "eu-west-1"
+    assert LakeResource.from_env().region == "AWS_DEFAULT_REGION"  # the variable's name in the UI
+    monkeypatch.setenv("AWS_REGION", "ap-south-1")  # the newer variable wins, as in boto3
+    assert LakeResource.from_env(resolve=True).lake().region == "ap-south-1"

@@ -37,17 +37,19 @@ SINK_BUDGET_S = 12.0
 
 
 def _sources(
-    lake, prometheus: PrometheusResource, mlflow: MlflowResource, aws: AwsResource, fsx: FsxResource
+    lake, prometheus: PrometheusResource, mlflow: MlflowResource, aws: AwsResource, fsx: FsxResource, rules
 ):
-    """The alert sources, as the assets read them. FSx is read like fsx_metrics reads it: a deployment
-    without FSx disables the fsx rules (FOXHUNT_ALERT_RULES), and no rule enabled means no FSx call."""
+    """The alert sources, as the assets read them. FSx is read like fsx_metrics reads it, and only while
+    a CloudWatch rule is enabled: a deployment without FSx disables fsx_low_space (FOXHUNT_ALERT_RULES)
+    and builds no AWS client at all."""
     from foxhunt_obs.lib.alerts.collect import Sources
     from foxhunt_obs.lib.sources.fsx import FsxSource
 
+    wanted = any(r.enabled and r.source == "cloudwatch" for r in rules)
     return Sources(
         prometheus=prometheus.client(),
         mlflow=mlflow.source(),
-        fsx=FsxSource(aws.client("fsx"), aws.client("cloudwatch")),
+        fsx=FsxSource(aws.client("fsx"), aws.client("cloudwatch")) if wanted else None,
         fsx_ids=fsx.ids(),
         lake=lake,
     )
@@ -81,7 +83,7 @@ def alert_sensor(
         context.log.error(f"alerts: {rules_error}")
     cursor, report = tick(
         rules,
-        _sources(store, prometheus, mlflow, aws, fsx),
+        _sources(store, prometheus, mlflow, aws, fsx, rules),
         alerting.sinks(store, slack),
         context.cursor,
         datetime.now(timezone.utc),

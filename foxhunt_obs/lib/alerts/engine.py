@@ -16,7 +16,7 @@ from urllib.parse import quote
 from foxhunt_obs.lib.alerts import state as alert_state
 from foxhunt_obs.lib.alerts.collect import Sources, collect
 from foxhunt_obs.lib.alerts.rules import Rule
-from foxhunt_obs.lib.delivery.alert_sinks import AlertSink, AlertSinkError, Notification
+from foxhunt_obs.lib.delivery.alert_sinks import AlertSink, AlertSinkError, LakeAlertSink, Notification
 from foxhunt_obs.lib.settings import default
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ def drop_stale(
             refused = ", ".join(sorted(set(names) - set(took[k])))
             messages.append(f"{n.status} {n.rule} ({n.summary}): refused by {refused} since {since[k]}")
             for sink in sinks:  # a row of its own in the alerts table: where it went, and that it was dropped
-                if sink.name == "lake" and sink.name in took[k] and not out_of_time():
+                if sink.name == LakeAlertSink.name and sink.name in took[k] and not out_of_time():
                     _send(
                         lambda sink=sink, n=n, k=k: sink.send([n], sent_to=[*took[k], "dropped"]),
                         sink_budget_s,

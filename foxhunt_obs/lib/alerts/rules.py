@@ -5,7 +5,7 @@ rules with `promql` are also exported as Prometheus alerting rules (`prometheus_
 strict: an unknown field, severity or source, a duplicate id, PromQL on a non-Prometheus rule or a
 `$placeholder` without its threshold is a `RuleCatalogError` naming the file and the rule.
 
-Overrides (a YAML file named by FOXHUNT_ALERT_RULES, or the `overrides` argument) change thresholds,
+Overrides (the `overrides` file: the alerting resource passes FOXHUNT_ALERT_RULES) change thresholds,
 `for`, `severity` or `enabled` of existing rules::
 
     rules:

@@ -42,6 +42,7 @@ from foxhunt_obs.lib.delivery.slack_client import slack_error_text
 from foxhunt_obs.lib.redact import remember
 from foxhunt_obs.lib.report.formatting import NO_VALUE, money, pct
 from foxhunt_obs.lib.report.model import Report
+from foxhunt_obs.lib.settings import default
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,10 @@ class ReportDelivery:
     e-mail, empty channel: no Slack). Checked by ``email_config`` and ``slack_config``."""
 
     smtp_host: str = ""
-    smtp_port: str = "587"
+    smtp_port: str = default("FOXHUNT_REPORT_SMTP_PORT")
     smtp_user: str = ""
     smtp_password: str = field(default="", repr=False)
-    smtp_starttls: str = "1"
+    smtp_starttls: str = default("FOXHUNT_REPORT_SMTP_STARTTLS")
     email_from: str = ""
     email_to: str = ""
     slack_channel: str = ""

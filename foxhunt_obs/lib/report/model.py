@@ -13,6 +13,7 @@ from datetime import date, datetime
 import pandas as pd
 
 from foxhunt_obs.lib.names import CLUSTER_IDLE, SHARED_COST_POLICY, UNATTRIBUTED
+from foxhunt_obs.lib.settings import default
 
 COST_POLICY = f"""\
 How the dollars in this report are computed (the cost model):
@@ -63,9 +64,7 @@ class WeeklyReportData:
     totals: dict[str, float]
     alerts: pd.DataFrame | None
     cost_policy: str | None = None
-    activity_basis: str = (
-        "util"  # the headline basis of active GPU-hours: util or sm (FOXHUNT_ACTIVITY_BASIS)
-    )
+    activity_basis: str = default("FOXHUNT_ACTIVITY_BASIS")  # the headline's basis: util or sm
 
 
 @dataclass

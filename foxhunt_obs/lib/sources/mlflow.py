@@ -131,7 +131,9 @@ class MlflowSource:
         self.page_size = page_size
         self._uri = redact_url(self.tracking_uri)
         self._engine = None
-        self._http = _http_settings(auth or MlflowAuth())
+        auth = auth or MlflowAuth()
+        self._http = _http_settings(auth)
+        self._auth_env = _auth_env(auth)
 
     # -- experiments and runs --------------------------------------------------------------------
     def experiments(self) -> dict[str, str]:
@@ -243,8 +245,9 @@ class MlflowSource:
         """Run an MlflowClient call with its HTTP retries bounded by ours, its errors wrapped in ours.
 
         MlflowClient reads its retry settings from the environment on every request; left at their
-        defaults (7 retries, backoff factor 2, 120 s timeout) a dead server takes minutes to fail.
-        Variables the user set are left alone.
+        defaults (7 retries, backoff factor 2, 120 s timeout) a dead server takes minutes to fail. Its
+        auth and TLS come from variables too: the source's MlflowAuth is set there for the call, so
+        listing runs and reading histories authenticate alike. Variables the user set are left alone.
         """
         from mlflow.exceptions import MlflowException
 
@@ -252,6 +255,7 @@ class MlflowSource:
             "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(self.retries - 1),
             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",  # an int for MLflow: sleeps 0 s, 2 s, 4 s, ...
             "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(self.timeout_s))),
+            **self._auth_env,  # MlflowClient takes its auth and TLS from these too, nowhere else
         }
         # The variables are ours while any call needs them (counted), not held under a lock during the
         # call: a call that hangs must not block another thread's (the alert tick gives up on a late one).
@@ -657,6 +661,19 @@ def _http_settings(auth: MlflowAuth) -> dict:
         "verify": False if auth.insecure_tls else (auth.server_cert_path or True),
         "cert": auth.client_cert_path or None,
     }
+
+
+def _auth_env(auth: MlflowAuth) -> dict[str, str]:
+    """The auth given to the source as the variables MlflowClient reads (only those with a value)."""
+    values = {
+        "MLFLOW_TRACKING_USERNAME": auth.username,
+        "MLFLOW_TRACKING_PASSWORD": auth.password,
+        "MLFLOW_TRACKING_TOKEN": auth.token,
+        "MLFLOW_TRACKING_INSECURE_TLS": "true" if auth.insecure_tls else "",
+        "MLFLOW_TRACKING_SERVER_CERT_PATH": auth.server_cert_path,
+        "MLFLOW_TRACKING_CLIENT_CERT_PATH": auth.client_cert_path,
+    }
+    return {k: v for k, v in values.items() if v}
 
 
 def _mlflow_text(e) -> str:
