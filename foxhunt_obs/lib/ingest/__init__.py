@@ -1,1 +1,1 @@
-"""Source answers into canonical rows: the metric catalog, GPU and node series with their holder pods, MIG shares, and the recording rules generated from the same catalog."""
+"""Source answers into canonical rows: the metric catalog, GPU and node series with their holder pods, MIG shares, the recording rules generated from the same catalog, and the MLflow sync."""

@@ -1,9 +1,9 @@
 """The MLflow tables, one function each: training_runs (the run snapshot, reading only the histories that
-can have changed), training_metrics (points by UTC day) and training_health (per run and day)."""
+can have changed: ingest/mlflow_sync.py decides which), training_metrics (points by UTC day) and
+training_health (per run and day)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 
@@ -12,50 +12,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from foxhunt_obs.lib.analysis.training_health import Thresholds, build_training_health, mlflow_key, runs_frame
+from foxhunt_obs.lib.ingest.mlflow_sync import needs_history, snapshot_row, split_by_run
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import TRAINING_HEALTH, TRAINING_HISTORY, TRAINING_METRICS, TRAINING_RUNS
-from foxhunt_obs.lib.sources.mlflow import MlflowRun, MlflowSource, MlflowSourceError
+from foxhunt_obs.lib.sources.mlflow import MlflowSource, MlflowSourceError
 from foxhunt_obs.lib.tables import Built, MissingInput, md_table, row_count
 
 SNAPSHOT = "current"
-TERMINAL = {"FINISHED", "FAILED", "KILLED"}
-
-
-def _needs_history(run: MlflowRun, prev: dict | None, have_history: bool) -> bool:
-    """Read a run's histories when they can have changed: new, still running, or ended since the
-    last read (once more), or something newer was logged. A finished run read after it ended is done."""
-    if prev is None or not have_history:
-        return True
-    if prev["history_status"] not in TERMINAL:
-        return True
-    last = prev["last_metric_time"]
-    return run.last_metric_time is not None and (last is None or run.last_metric_time > last)
-
-
-def _snapshot_row(run: MlflowRun, history_status: str, points: int, synced_at: datetime) -> dict:
-    duration = (run.end_time - run.start_time).total_seconds() if run.start_time and run.end_time else None
-    return {
-        "run_id": run.run_id,
-        "experiment_id": run.experiment_id,
-        "mlflow_experiment": run.experiment_name,
-        "experiment": run.tags.get("experiment") or run.experiment_name,
-        "run_name": run.run_name,
-        "status": run.status,
-        "deleted": run.deleted,
-        "start_time": run.start_time,
-        "end_time": run.end_time,
-        "duration_seconds": duration,
-        "user": run.user,
-        "params": json.dumps(run.params, sort_keys=True),
-        "tags": json.dumps(run.tags, sort_keys=True),
-        "pod": run.tags.get("pod", ""),
-        "namespace": run.tags.get("namespace", ""),
-        "metric_keys": json.dumps(sorted(run.metric_keys)),
-        "last_metric_time": run.last_metric_time,
-        "history_status": history_status,
-        "history_points": points,
-        "synced_at": synced_at,
-    }
 
 
 def training_runs(lake: Lake, source: MlflowSource) -> Built:
@@ -64,23 +27,23 @@ def training_runs(lake: Lake, source: MlflowSource) -> Built:
     have = set(lake.partitions(TRAINING_HISTORY))
     try:
         runs = source.runs()
-        stale = [r for r in runs if _needs_history(r, prev.get(r.run_id), r.run_id in have)]
+        stale = [r for r in runs if needs_history(r, prev.get(r.run_id), r.run_id in have)]
         histories = source.histories(stale)
     except MlflowSourceError as e:
         raise MlflowSourceError(f"training_runs: {e}") from None
     now = datetime.now(timezone.utc)
     rows, new_points = [], 0
-    by_run = _split(histories, [r.run_id for r in stale])
+    by_run = split_by_run(histories, [r.run_id for r in stale])
     for run in runs:
         if run.run_id in by_run:
             table = by_run[run.run_id]
             lake.write_partition(TRAINING_HISTORY, run.run_id, table)
             old = prev.get(run.run_id, {}).get("history_points") or 0
             new_points += max(0, table.num_rows - old)
-            rows.append(_snapshot_row(run, run.status, table.num_rows, now))
+            rows.append(snapshot_row(run, run.status, table.num_rows, now))
         else:
             p = prev[run.run_id]
-            rows.append(_snapshot_row(run, p["history_status"], p["history_points"], p["synced_at"]))
+            rows.append(snapshot_row(run, p["history_status"], p["history_points"], p["synced_at"]))
     snapshot = pa.Table.from_pylist(rows, schema=TRAINING_RUNS.schema)
     lake.write_partition(TRAINING_RUNS, SNAPSHOT, snapshot)
     nan_runs = (
@@ -105,11 +68,6 @@ def training_runs(lake: Lake, source: MlflowSource) -> Built:
         "preview": md_table(preview.head(20), floatfmt=None),
     }
     return Built({SNAPSHOT: snapshot}, summary)
-
-
-def _split(histories: pa.Table, run_ids: list[str]) -> dict[str, pa.Table]:
-    """One table per run, empty ones included (a run that logged nothing has an empty history)."""
-    return {rid: histories.filter(pc.equal(histories.column("run_id"), rid)) for rid in run_ids}
 
 
 def training_metrics(lake: Lake, days: Sequence[datetime]) -> Built:
