@@ -31,5 +31,9 @@ def fsx_ids() -> list[str] | None:
     return resources.FsxResource.from_env(resolve=True).ids()
 
 
+def price_region() -> str:
+    return resources.CostsResource.from_env(resolve=True).value("price_region")
+
+
 def alerting() -> resources.AlertingResource:
     return resources.AlertingResource.from_env(resolve=True)

@@ -41,33 +41,39 @@ def run_job(job_name: str, first: str, last: str) -> bool:
 
 
 def export_rules(out: Path) -> list[Path]:
-    """The recording rules and the alerting rules (alert_rules.yaml's enabled rules with promql, as
-    overridden by FOXHUNT_ALERT_RULES), each as a Prometheus rules file and as a PrometheusRule
-    (prometheus-operator)."""
+    """The recording rules, the live cost rules (the price table of FOXHUNT_PRICE_REGION) and the alerting
+    rules (alert_rules.yaml's enabled rules with promql, as overridden by FOXHUNT_ALERT_RULES), each as a
+    Prometheus rules file and as a PrometheusRule (prometheus-operator)."""
 
     import foxhunt_obs.cli.config as config
     from foxhunt_obs.lib.alerts import prometheus_rules as alerting
     from foxhunt_obs.lib.alerts.rules import load_rules
+    from foxhunt_obs.lib.analysis.prices import load_price_table
+    from foxhunt_obs.lib.ingest.cost_rules import cost_rules
     from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
     from foxhunt_obs.lib.ingest.recording_rules import recording_rules, render
 
-    cluster = config.cluster()
-    rules = recording_rules(load_catalog(), cluster.node_labels, cluster.exporter_containers)
-    manifest = {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": {
-            "name": "foxhunt-recording-rules",
-            "namespace": "monitoring",
-            "labels": {"release": "prometheus"},
-        },
-        "spec": rules,
-    }
+    def manifest(name: str, spec: dict) -> dict:
+        return {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PrometheusRule",
+            "metadata": {"name": name, "namespace": "monitoring", "labels": {"release": "prometheus"}},
+            "spec": spec,
+        }
+
+    cluster, catalog = config.cluster(), load_catalog()
+    rules = recording_rules(catalog, cluster.node_labels, cluster.exporter_containers)
+    costs = cost_rules(load_price_table(config.price_region()), catalog)
+    priced = "foxhunt_obs/data/prices.yaml and metric_catalog.yaml"
     alerts = alerting.alerting_rules(load_rules(overrides=config.alerting().rules_file))
     out.mkdir(parents=True, exist_ok=True)
     files = {
         out / "foxhunt-recording-rules.yaml": render(rules),
-        out / "foxhunt-recording-rules.prometheusrule.yaml": render(manifest),
+        out / "foxhunt-recording-rules.prometheusrule.yaml": render(
+            manifest("foxhunt-recording-rules", rules)
+        ),
+        out / "foxhunt-cost-rules.yaml": render(costs, priced),
+        out / "foxhunt-cost-rules.prometheusrule.yaml": render(manifest("foxhunt-cost-rules", costs), priced),
         out / "foxhunt-rules.yaml": alerting.render(alerts),
         out / "foxhunt-rules.prometheusrule.yaml": alerting.render(alerting.prometheus_rule(alerts)),
     }
