@@ -51,6 +51,7 @@ def export_rules(out: Path) -> list[Path]:
     from foxhunt_obs.lib.analysis.prices import load_price_table
     from foxhunt_obs.lib.ingest.cost_rules import cost_rules
     from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
+    from foxhunt_obs.lib.ingest.mig import model_slices
     from foxhunt_obs.lib.ingest.recording_rules import recording_rules, render
 
     def manifest(name: str, spec: dict) -> dict:
@@ -63,8 +64,10 @@ def export_rules(out: Path) -> list[Path]:
 
     cluster, catalog = config.cluster(), load_catalog()
     rules = recording_rules(catalog, cluster.node_labels, cluster.exporter_containers)
-    costs = cost_rules(load_price_table(config.price_region()), catalog)
-    priced = "foxhunt_obs/data/prices.yaml and metric_catalog.yaml"
+    costs = cost_rules(
+        load_price_table(config.price_region()), catalog, cluster.experiment_label, model_slices()
+    )
+    priced = "foxhunt_obs/data/prices.yaml, mig_profiles.yaml and metric_catalog.yaml"
     alerts = alerting.alerting_rules(load_rules(overrides=config.alerting().rules_file))
     out.mkdir(parents=True, exist_ok=True)
     files = {

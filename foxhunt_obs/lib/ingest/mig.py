@@ -26,6 +26,11 @@ def _gpus(path: str) -> tuple[tuple[re.Pattern, int], ...]:
     return tuple((re.compile(g["model"]), int(g["compute_slices"])) for g in raw["gpus"])
 
 
+def model_slices(path: str | Path = DEFAULT_PATH) -> list[tuple[str, int]]:
+    """(model pattern, compute slices) in file order: the first pattern found in a model name wins."""
+    return [(pattern.pattern, slices) for pattern, slices in _gpus(str(path))]
+
+
 def slice_share(profile: str, model: str, path: str | Path = DEFAULT_PATH) -> float:
     """The share of its GPU a MIG slice of `profile` on a `model` GPU is: 3g.40gb on an H100 is 3/7."""
     m = _PROFILE.match(re.sub(r"^\d+c\.", "", profile))  # a compute instance's "2c." prefix: its GI's share
