@@ -49,6 +49,7 @@ def export_rules(out: Path) -> list[Path]:
     from foxhunt_obs.lib.alerts import prometheus_rules as alerting
     from foxhunt_obs.lib.alerts.rules import load_rules
     from foxhunt_obs.lib.analysis.prices import load_price_table
+    from foxhunt_obs.lib.ingest.cost_rules import MODEL as COST_MODEL
     from foxhunt_obs.lib.ingest.cost_rules import cost_rules
     from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
     from foxhunt_obs.lib.ingest.mig import model_slices
@@ -75,8 +76,10 @@ def export_rules(out: Path) -> list[Path]:
         out / "foxhunt-recording-rules.prometheusrule.yaml": render(
             manifest("foxhunt-recording-rules", rules)
         ),
-        out / "foxhunt-cost-rules.yaml": render(costs, priced),
-        out / "foxhunt-cost-rules.prometheusrule.yaml": render(manifest("foxhunt-cost-rules", costs), priced),
+        out / "foxhunt-cost-rules.yaml": render(costs, priced, COST_MODEL),
+        out / "foxhunt-cost-rules.prometheusrule.yaml": render(
+            manifest("foxhunt-cost-rules", costs), priced, COST_MODEL
+        ),
         out / "foxhunt-rules.yaml": alerting.render(alerts),
         out / "foxhunt-rules.prometheusrule.yaml": alerting.render(alerting.prometheus_rule(alerts)),
     }

@@ -30,6 +30,15 @@ from foxhunt_obs.lib.analysis.prices import PriceTable
 from foxhunt_obs.lib.ingest.metric_catalog import Catalog, kube_label_name
 from foxhunt_obs.lib.names import CLUSTER_IDLE, UNATTRIBUTED
 
+# The model, stated at the top of the generated file (the rules read in this order).
+MODEL = """The cost model of the batch path (foxhunt_obs/lib/tables/sql/cost_allocation.sql, before the bill
+lands), per minute: a node costs its instance type's on-demand $/h from the price table (no price, no
+series); each GPU reporting on it (by UUID) costs an equal part; a GPU's cost goes to its holders: a MIG
+slice its profile's compute slices over the model's (mig_profiles.yaml), the pods of a time-sliced GPU
+evenly, the GPU itself when no pod holds it. What no holder covers (a MIG GPU's unsliced part) and what no
+pod holds is (cluster idle). Idle $ = a holder's $ x (1 - util) where util is known; all of (cluster
+idle). A holder's experiment is its pod's label, else its namespace's, else unattributed."""
+
 GROUP = "foxhunt-cost"
 INTERVAL = "1m"  # dollars per hour move when nodes come and go: a minute is plenty
 # canonical records every GPU reports one of (util may be missing on a stock counters file; power not)
