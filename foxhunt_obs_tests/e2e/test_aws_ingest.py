@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from foxhunt_obs.definitions import defs
+from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY, COSTS_HOURLY, FSX_METRICS
 from foxhunt_obs.sandbox.servers.moto_server import CUR_URI, MotoServer, cur_keys, sandbox_env, seed
@@ -130,7 +131,9 @@ def test_cur_and_cost_explorer_equal_the_scenario_to_the_cent(small, ingested):
     cur = rows[rows.source == "cur"]
     assert (cur[cur.service == "AmazonEKS"][["project", "environment", "experiment"]] == "").all().all()
     assert set(cur[cur.service == "AmazonS3"].experiment) == {"ppo-humanoid", "dqn-atari"}
-    assert checks(result) == {"no_double_counting": True}
+    table = load_price_table("us-east-1")
+    current = table.age_days(datetime.now(timezone.utc).date()) <= table.max_age_days
+    assert checks(result) == {"no_double_counting": True, "price_table_current": current}
     assert metadata(result, "costs_daily")["cost_explorer_calls"] == 1 + len({(p, e) for p, e, _, _ in truth})
 
 

@@ -47,7 +47,12 @@ def costs_hourly(
             "no_double_counting",
             asset="costs_daily",
             description="per day and source, the rows sum to the source's own total (CE discovery, CUR lines)",
-        )
+        ),
+        dg.AssetCheckSpec(
+            "price_table_current",
+            asset="costs_daily",
+            description="a warning when the price table's newest row is older than its max_age_days (90)",
+        ),
     ],
     description=(
         "Daily cost by source (ce = Cost Explorer, cur = CUR 2.0, estimate = price table × node-hours from "

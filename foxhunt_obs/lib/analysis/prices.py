@@ -45,6 +45,11 @@ class PriceTable:
     region: str
     prices: tuple[Price, ...]
     path: str
+    max_age_days: int | None = None  # the file's max_age_days: older than this, the table is stale
+
+    def age_days(self, today: date) -> int:
+        """Days since the newest row's as_of: how long ago anyone last checked a price here."""
+        return (today - max(p.as_of for p in self.prices)).days
 
     def get(self, service: str, key: str) -> Price:
         for p in self.prices:
@@ -111,4 +116,7 @@ def load_price_table(
     if not out:
         regions = ", ".join(sorted({r["region"] for r in rows}))
         raise PriceError(f"price table {path}: no prices for region {region!r} (regions: {regions})")
-    return PriceTable(region, tuple(out), str(path))
+    max_age = raw.get("max_age_days")
+    if not isinstance(max_age, int) or max_age <= 0:
+        raise PriceError(f"price table {path}: max_age_days must be a positive whole number, got {max_age!r}")
+    return PriceTable(region, tuple(out), str(path), max_age)

@@ -20,7 +20,7 @@ from foxhunt_obs.lib.analysis.cost_estimate import (
     file_system_hours,
     node_hours,
 )
-from foxhunt_obs.lib.analysis.prices import load_price_table
+from foxhunt_obs.lib.analysis.prices import PriceTable, load_price_table
 from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY, COSTS_HOURLY, FSX_METRICS, NODE_SAMPLES
@@ -170,9 +170,25 @@ def costs_daily(
         "cost_explorer_usd_spent": round(ce.cost_usd, 2),
         "unpriced": ", ".join(sorted(unpriced)) or "none",
     }
-    return Built(
-        tables, summary, [double_counting_check(sums, ce.day_totals, cur_totals)], extra={"log": log}
-    )
+    checks = [
+        double_counting_check(sums, ce.day_totals, cur_totals),
+        price_table_check(prices, datetime.now(timezone.utc).date()),
+    ]
+    return Built(tables, summary, checks, extra={"log": log})
+
+
+def price_table_check(prices: PriceTable, today: date) -> Check:
+    """A WARN when the price table's newest row is older than its max_age_days: the estimate (and the
+    live cost rules) would price today's hours at a list AWS may have changed."""
+    age = prices.age_days(today)
+    newest = max(p.as_of for p in prices.prices)
+    return Check(
+        "price_table_current",
+        prices.max_age_days is None or age <= prices.max_age_days,
+        {"newest_as_of": newest.isoformat(), "age_days": age, "max_age_days": prices.max_age_days,
+         "region": prices.region, "table": prices.path},
+        severity="WARN",
+    )  # fmt: skip
 
 
 def double_counting_check(sums, ce_totals: dict[date, float], cur_totals: dict[str, float]) -> Check:

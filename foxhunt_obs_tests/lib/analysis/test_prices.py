@@ -1,4 +1,4 @@
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 
 import pytest
@@ -78,3 +78,22 @@ def test_estimate_prices_node_hours_and_storage():
     assert all(r["source"] == "estimate" and r["estimated"] and r["day"] == day for r in rows.values())
     assert est.unpriced == ["cpu-1 (m9.large)"]
     assert est.node_hours == 70.0
+
+
+def test_a_stale_table_warns_with_its_age(tmp_path):
+    """costs_daily's price_table_current: a WARN once the newest row is older than max_age_days."""
+    from foxhunt_obs.lib.tables.costs import price_table_check
+
+    table = load_price_table("us-east-1")
+    newest = max(p.as_of for p in table.prices)
+    assert table.max_age_days == 90  # data/prices.yaml
+    fresh = price_table_check(table, newest + timedelta(days=90))
+    stale = price_table_check(table, newest + timedelta(days=91))
+    assert fresh.passed and not stale.passed and stale.severity == "WARN"
+    assert stale.metadata["age_days"] == 91 and stale.metadata["newest_as_of"] == newest.isoformat()
+    raw = yaml.safe_load(PRICES_FILE.read_text())
+    raw["max_age_days"] = 0
+    broken = tmp_path / "prices.yaml"
+    broken.write_text(yaml.safe_dump(raw))
+    with pytest.raises(PriceError, match="max_age_days must be a positive whole number, got 0"):
+        load_price_table("us-east-1", broken)
