@@ -44,12 +44,29 @@ def test_promtool_checks_the_cost_rules():
     assert f"SUCCESS: {len(records)} rules found" in out.stdout
 
 
-def _gpu(metric: str, node: str, i: int, **extra: str) -> dict:
-    labels = {"node": node, "gpu": str(i), "uuid": f"GPU-{node}-{i}", "model": "H100", **extra}
+def _series(metric: str, labels: dict, values: str = "1x10") -> dict:
+    """One promtool input series."""
     return {
         "series": metric + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}",
-        "values": "1x10",
+        "values": values,
     }
+
+
+def _gpu(metric: str, node: str, i: int, **extra: str) -> dict:
+    return _series(metric, {"node": node, "gpu": str(i), "uuid": f"GPU-{node}-{i}", "model": "H100", **extra})
+
+
+def _promtool_test(tmp_path, series: list[dict], exprs: list[dict]) -> None:
+    """`promtool test rules` of the checked-in cost rules: `series` in, each of `exprs` checked."""
+    tests = {
+        "rule_files": [str(COST_RULES)],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": exprs}],
+    }
+    path = tmp_path / "cost-test.yaml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    out = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_node_and_gpu_dollars_per_hour(tmp_path):
@@ -75,51 +92,41 @@ def test_node_and_gpu_dollars_per_hour(tmp_path):
             "exp_samples": [{"labels": _name(expr) + _labels(lab), "value": float(v)} for lab, v in samples],
         }
 
-    tests = {
-        "rule_files": [str(COST_RULES)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "promql_expr_test": [
-                    expect(
-                        "foxhunt:node_cost:usd_per_hour",
-                        [
-                            ({"node": "ip-1", "instance_type": "p4de.24xlarge"}, P4DE),
-                            ({"node": "ip-2", "instance_type": "p5.48xlarge"}, P5),
-                        ],
-                    ),
-                    expect(
-                        "foxhunt:node_gpus:count",
-                        [({"node": "ip-1"}, 8), ({"node": "ip-2"}, 8), ({"node": "ip-3"}, 2)],
-                    ),
-                    expect(
-                        'foxhunt:gpu_cost:usd_per_hour{uuid="GPU-ip-1-0"}',
-                        [
-                            (
-                                {"node": "ip-1", "uuid": "GPU-ip-1-0", "instance_type": "p4de.24xlarge"},
-                                P4DE / 8,
-                            )
-                        ],
-                    ),
-                    expect(
-                        # the GPUs carry the whole node (rounded to the micro-dollar: float sums)
-                        "round(sum by (node) (foxhunt:gpu_cost:usd_per_hour) * 1e6) / 1e6",
-                        [({"node": "ip-1"}, P4DE), ({"node": "ip-2"}, P5)],
-                    ),
-                    expect(
-                        'foxhunt:gpu_cost:usd_per_hour{uuid="GPU-ip-2-7"}',  # no util, same share
-                        [({"node": "ip-2", "uuid": "GPU-ip-2-7", "instance_type": "p5.48xlarge"}, P5 / 8)],
-                    ),
+    _promtool_test(
+        tmp_path,
+        series,
+        [
+            expect(
+                "foxhunt:node_cost:usd_per_hour",
+                [
+                    ({"node": "ip-1", "instance_type": "p4de.24xlarge"}, P4DE),
+                    ({"node": "ip-2", "instance_type": "p5.48xlarge"}, P5),
                 ],
-            }
+            ),
+            expect(
+                "foxhunt:node_gpus:count",
+                [({"node": "ip-1"}, 8), ({"node": "ip-2"}, 8), ({"node": "ip-3"}, 2)],
+            ),
+            expect(
+                'foxhunt:gpu_cost:usd_per_hour{uuid="GPU-ip-1-0"}',
+                [
+                    (
+                        {"node": "ip-1", "uuid": "GPU-ip-1-0", "instance_type": "p4de.24xlarge"},
+                        P4DE / 8,
+                    )
+                ],
+            ),
+            expect(
+                # the GPUs carry the whole node (rounded to the micro-dollar: float sums)
+                "round(sum by (node) (foxhunt:gpu_cost:usd_per_hour) * 1e6) / 1e6",
+                [({"node": "ip-1"}, P4DE), ({"node": "ip-2"}, P5)],
+            ),
+            expect(
+                'foxhunt:gpu_cost:usd_per_hour{uuid="GPU-ip-2-7"}',  # no util, same share
+                [({"node": "ip-2", "uuid": "GPU-ip-2-7", "instance_type": "p5.48xlarge"}, P5 / 8)],
+            ),
         ],
-    }
-    path = tmp_path / "cost-test.yaml"
-    path.write_text(yaml.safe_dump(tests, sort_keys=False))
-    out = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+    )
 
 
 def _labels(labels: dict) -> str:
@@ -134,7 +141,7 @@ def _name(expr: str) -> str:
 def _holder(metric: str, i: int, value: str = "1x10", **labels: str) -> dict:
     """A canonical record of GPU i on node ip-1 (an A100 p4de), with holder or slice labels."""
     base = {"node": "ip-1", "gpu": str(i), "uuid": f"GPU-{i}", "model": "NVIDIA A100-SXM4-80GB", **labels}
-    return {"series": metric + "{" + ",".join(f'{k}="{v}"' for k, v in base.items()) + "}", "values": value}
+    return _series(metric, base, value)
 
 
 def test_holders_idle_dollars_and_experiments(tmp_path):
@@ -191,36 +198,26 @@ def test_holders_idle_dollars_and_experiments(tmp_path):
             ],
         }
 
-    tests = {
-        "rule_files": [str(COST_RULES)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "promql_expr_test": [
-                    rounded("foxhunt:experiment_cost:usd_per_hour", "experiment", cost),
-                    rounded("foxhunt:experiment_idle_cost:usd_per_hour", "experiment", idle),
-                    rounded(
-                        'sum by (pod) (foxhunt:gpu_holder:share{uuid="GPU-1"})',
-                        "pod",
-                        {"a-0": Decimal("0.5"), "b-0": Decimal("0.5")},
-                    ),
-                    rounded(
-                        'sum by (gpu_instance) (foxhunt:gpu_holder:share{uuid="GPU-3"})',
-                        "gpu_instance",
-                        {"1": Decimal(3) / 7, "2": Decimal(3) / 7},
-                    ),
-                    rounded(
-                        "sum by (uuid) (foxhunt:gpu_unallocated_cost:usd_per_hour)",
-                        "uuid",
-                        {"GPU-3": gpu / 7},
-                    ),
-                ],
-            }
+    _promtool_test(
+        tmp_path,
+        series,
+        [
+            rounded("foxhunt:experiment_cost:usd_per_hour", "experiment", cost),
+            rounded("foxhunt:experiment_idle_cost:usd_per_hour", "experiment", idle),
+            rounded(
+                'sum by (pod) (foxhunt:gpu_holder:share{uuid="GPU-1"})',
+                "pod",
+                {"a-0": Decimal("0.5"), "b-0": Decimal("0.5")},
+            ),
+            rounded(
+                'sum by (gpu_instance) (foxhunt:gpu_holder:share{uuid="GPU-3"})',
+                "gpu_instance",
+                {"1": Decimal(3) / 7, "2": Decimal(3) / 7},
+            ),
+            rounded(
+                "sum by (uuid) (foxhunt:gpu_unallocated_cost:usd_per_hour)",
+                "uuid",
+                {"GPU-3": gpu / 7},
+            ),
         ],
-    }
-    path = tmp_path / "holders-test.yaml"
-    path.write_text(yaml.safe_dump(tests, sort_keys=False))
-    out = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+    )

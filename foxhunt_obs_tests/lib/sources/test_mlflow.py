@@ -418,37 +418,14 @@ def test_a_repeated_page_token_stops_every_page_loop(canned):
         src.histories([_fake_run()])
 
 
-def test_mlflow_client_calls_use_the_given_auth_and_leave_no_variable_behind(monkeypatch):
+def test_mlflow_client_calls_use_the_given_auth_and_leave_no_variable_behind(canned, monkeypatch):
     """search_experiments goes through MlflowClient, which reads auth only from MLFLOW_TRACKING_*: the
     source's MlflowAuth is set there for the call, then removed (a variable the user set is kept)."""
     for var in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.delenv(var, raising=False)
-    seen = []
-
-    class Refuse(http.server.BaseHTTPRequestHandler):
-        def _refuse(self):
-            seen.append(self.headers.get("Authorization"))
-            body = b'{"error_code": "PERMISSION_DENIED", "message": "no"}'
-            self.send_response(403)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_GET = do_POST = _refuse
-
-        def log_message(self, *args):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
-        with pytest.raises(MlflowSourceError, match="search_experiments") as e:
-            MlflowSource(url, auth=MlflowAuth(token="tok-from-resource-42"), retries=1).runs()
-        assert seen and set(seen) == {"Bearer tok-from-resource-42"}
-        assert "tok-from-resource-42" not in str(e.value)
-        assert "MLFLOW_TRACKING_TOKEN" not in os.environ
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    url, seen = canned(403, b'{"error_code": "PERMISSION_DENIED", "message": "no"}')
+    with pytest.raises(MlflowSourceError, match="search_experiments") as e:
+        MlflowSource(url, auth=MlflowAuth(token="tok-from-resource-42"), retries=1).runs()
+    assert seen and {auth for _, auth in seen} == {"Bearer tok-from-resource-42"}
+    assert "tok-from-resource-42" not in str(e.value)
+    assert "MLFLOW_TRACKING_TOKEN" not in os.environ
