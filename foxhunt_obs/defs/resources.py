@@ -13,6 +13,7 @@ contract does not fit. Sensors and scripts use the same Lake class.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Literal
 
@@ -192,6 +193,12 @@ class AwsResource(FromSettings, ResourceWithBoto3Configuration):
     def client(self, service: str):
         return self.config().client(service)
 
+    def clients(self, service: str, regions: list[str]) -> dict:
+        """region -> a client of ``service`` there (the resource's region when ``regions`` is empty)."""
+        config = self.config()
+        wanted = regions or [config.region_name]
+        return {r: dataclasses.replace(config, region_name=r).client(service) for r in wanted if r}
+
 
 class FsxResource(FromSettings, dg.ConfigurableResource):
     """Which FSx for Lustre file systems are read (through the aws resource's clients)."""
@@ -212,12 +219,22 @@ class CostsResource(FromSettings, dg.ConfigurableResource):
     price_region: str = setting("FOXHUNT_PRICE_REGION")
     ce_restate_days: str = setting("FOXHUNT_CE_RESTATE_DAYS")
     ce_forecast: str = setting("FOXHUNT_CE_FORECAST")
+    ec2_regions: str = setting("FOXHUNT_EC2_REGIONS")
+    pushgateway_url: str = setting("FOXHUNT_PUSHGATEWAY_URL")
 
     def tags(self) -> tuple[str, str, str]:
         return settings.cost_tags(self.value("cost_tags"))
 
     def restate_days(self) -> int:
         return int(self.number("ce_restate_days", integer=True))
+
+    def untracked(self, aws: AwsResource, prometheus):
+        """The running EC2 instances outside the cluster, as untracked_spend and spend_now read them."""
+        from foxhunt_obs.lib.ingest.untracked import UntrackedSpend
+        from foxhunt_obs.lib.sources.ec2 import Ec2Inventory
+
+        inventory = Ec2Inventory(aws.clients("ec2", self.items("ec2_regions")))
+        return UntrackedSpend(inventory, prometheus, experiment_tag=self.tags()[2])
 
 
 class SlackBotResource(FromSettings, SlackResource):

@@ -108,6 +108,18 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("FOXHUNT_PRICE_REGION", "us-east-1", "Region of the price table used for the live cost estimate"),
     Setting(
+        "FOXHUNT_EC2_REGIONS",
+        "",
+        "Comma-separated regions whose running EC2 instances untracked_spend and spend_now list (empty: "
+        "AWS_REGION's)",
+    ),
+    Setting(
+        "FOXHUNT_PUSHGATEWAY_URL",
+        "",
+        "Prometheus Pushgateway that spend_now pushes the lake's daily $ and untracked instances to, for "
+        "the cost dashboard (empty: no push)",
+    ),
+    Setting(
         "FOXHUNT_CE_RESTATE_DAYS", "3", "Trailing days re-pulled from Cost Explorer each run (it restates)"
     ),
     Setting(

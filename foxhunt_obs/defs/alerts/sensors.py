@@ -16,6 +16,7 @@ import dagster as dg
 from foxhunt_obs.defs.resources import (
     AlertingResource,
     AwsResource,
+    CostsResource,
     FsxResource,
     LakeResource,
     MlflowResource,
@@ -37,21 +38,31 @@ SINK_BUDGET_S = 12.0
 
 
 def _sources(
-    lake, prometheus: PrometheusResource, mlflow: MlflowResource, aws: AwsResource, fsx: FsxResource, rules
+    lake,
+    prometheus: PrometheusResource,
+    mlflow: MlflowResource,
+    aws: AwsResource,
+    fsx: FsxResource,
+    costs: CostsResource,
+    rules,
 ):
     """The alert sources, as the assets read them. FSx is read like fsx_metrics reads it, and only while
-    a CloudWatch rule is enabled: a deployment without FSx disables fsx_low_space (FOXHUNT_ALERT_RULES)
-    and builds no AWS client at all."""
+    a CloudWatch rule is enabled; EC2 (untracked_spend) likewise: a deployment without FSx or without
+    EC2 access disables those rules (FOXHUNT_ALERT_RULES) and builds no AWS client for them."""
     from foxhunt_obs.lib.alerts.collect import Sources
     from foxhunt_obs.lib.sources.fsx import FsxSource
 
-    wanted = any(r.enabled and r.source == "cloudwatch" for r in rules)
+    def wanted(source: str) -> bool:
+        return any(r.enabled and r.source == source for r in rules)
+
+    client = prometheus.client()
     return Sources(
-        prometheus=prometheus.client(),
+        prometheus=client,
         mlflow=mlflow.source(),
-        fsx=FsxSource(aws.client("fsx"), aws.client("cloudwatch")) if wanted else None,
+        fsx=FsxSource(aws.client("fsx"), aws.client("cloudwatch")) if wanted("cloudwatch") else None,
         fsx_ids=fsx.ids(),
         lake=lake,
+        ec2=costs.untracked(aws, client) if wanted("ec2") else None,
     )
 
 
@@ -60,7 +71,7 @@ def _sources(
     default_status=dg.DefaultSensorStatus.RUNNING,
     description=(
         "Evaluates every alert rule (stalled training, NaN loss, OOM restarts, ECC/XID errors, FSx low "
-        "space, missing GPU nodes, budget burn, cost spikes, ...) and notifies firing and resolved "
+        "space, missing GPU nodes, budget burn, cost spikes, GPU instances outside the cluster, ...) and notifies firing and resolved "
         "transitions once. Its cursor is the alert state."
     ),
 )
@@ -71,6 +82,7 @@ def alert_sensor(
     mlflow: MlflowResource,
     aws: AwsResource,
     fsx: FsxResource,
+    costs: CostsResource,
     slack: SlackBotResource,
     alerting: AlertingResource,
 ):
@@ -83,7 +95,7 @@ def alert_sensor(
         context.log.error(f"alerts: {rules_error}")
     cursor, report = tick(
         rules,
-        _sources(store, prometheus, mlflow, aws, fsx, rules),
+        _sources(store, prometheus, mlflow, aws, fsx, costs, rules),
         alerting.sinks(store, slack),
         context.cursor,
         datetime.now(timezone.utc),

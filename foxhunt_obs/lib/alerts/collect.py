@@ -37,6 +37,7 @@ class Sources:
     fsx: object | None = None  # lib.sources.fsx.FsxSource
     fsx_ids: list[str] | None = None
     lake: object | None = None  # lib.lake.Lake
+    ec2: object | None = None  # lib.ingest.untracked.UntrackedSpend
 
 
 @dataclass
@@ -60,6 +61,7 @@ def collect(
         "mlflow": lambda rs, ev: _frame_rules(rs, _mlflow_frame(sources, now), now, ev),
         "cloudwatch": lambda rs, ev: _frame_rules(rs, _fsx_frame(sources, now), now, ev),
         "lake": lambda rs, ev: _lake_rules(rs, sources, now, ev),
+        "ec2": lambda rs, ev: _frame_rules(rs, sources.ec2.frame(now), now, ev),
     }
     work = {}
     for source, read in readers.items():
@@ -144,7 +146,8 @@ def _frame_rules(rules: list[Rule], frame: pd.DataFrame, now: datetime, out: Eva
 def _call(rule: Rule, frame: pd.DataFrame, now: datetime) -> list[Finding]:
     fn = EVALUATORS[rule.id]
     takes_now = len(inspect.signature(fn).parameters) >= 3
-    return fn(rule, frame, now) if takes_now else fn(rule, frame)
+    found = fn(rule, frame, now) if takes_now else fn(rule, frame)
+    return [f for f in found if rule.selects(f.labels)]
 
 
 def _mlflow_frame(sources: Sources, now: datetime) -> pd.DataFrame:

@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -311,12 +312,16 @@ def replay(
     every_s: float = 300,
     dagster_url: str = default("FOXHUNT_DAGSTER_URL"),
     cursor: str | None = None,
+    before_tick: Callable[[datetime], object] | None = None,
 ) -> tuple[list[tuple[datetime, Notification]], str | None]:
     """Ticks from start to end (exclusive) as if the sensor had run every `every_s` seconds back then:
-    the sandbox's history through the same code the sensor runs. Returns every notification sent (with
-    its tick) and the cursor, to go on from there."""
+    the sandbox's history through the same code the sensor runs. `before_tick(now)` sets up what has no
+    history of its own (the sandbox's running EC2 instances) before each tick. Returns every notification
+    sent (with its tick) and the cursor, to go on from there."""
     sent, now = [], start
     while now < end:
+        if before_tick is not None:
+            before_tick(now)
         cursor, report = tick(rules, sources, sinks, cursor, now, dagster_url)
         if report.source_errors:
             raise RuntimeError(f"alert replay at {now:%Y-%m-%dT%H:%M}Z: {report.source_errors}")

@@ -12,6 +12,7 @@ Frames (columns used; others are ignored):
   cloudwatch  ts, file_system_id, file_system_name, metric, statistic, value — fsx_metrics rows
   lake        budgets rows (budget_name, limit_usd, actual_usd, forecast_usd [, source, day, synced_at]);
               daily costs (day, project, cost_usd) of one source
+  ec2         running instances outside the cluster (lib/ingest/untracked.COLUMNS)
 """
 
 from __future__ import annotations
@@ -367,6 +368,50 @@ def cost_spike(rule: Rule, daily: pd.DataFrame) -> list[Finding]:
     return out
 
 
+# -- ec2 ---------------------------------------------------------------------------------------------
+
+
+def untracked_spend(rule: Rule, instances: pd.DataFrame, now: datetime) -> list[Finding]:
+    """A finding per running instance outside the cluster (lib/ingest/untracked) that costs at least
+    `usd_per_hour_min` on demand, or whose price the table lacks (unpriced is shown, not taken as $0).
+    An instance carrying a Kubernetes cluster's tag gets `join_grace_minutes` from its launch to appear
+    in kube_node_info (a node still joining is no stray). value: $/h (NaN unpriced); at: the launch
+    time, the tick's time when that is unknown or later."""
+    if _empty(instances, "instance_id", "usd_per_hour"):
+        return []
+    floor = float(rule.thresholds["usd_per_hour_min"])
+    grace = timedelta(minutes=rule.thresholds["join_grace_minutes"])
+    now = utc(now)
+    out = []
+    for _, row in instances.sort_values("instance_id").iterrows():
+        usd = float(row["usd_per_hour"])
+        if math.isfinite(usd) and usd < floor:
+            continue
+        launched = utc(row["launch_time"]) if pd.notna(row.get("launch_time")) else None
+        since = min(launched, now) if launched is not None else now
+        if bool(row.get("cluster_tagged")) and now - since < grace:
+            continue
+        hours = (now - since).total_seconds() / 3600
+        out.append(
+            Finding(
+                rule=rule.id,
+                labels={
+                    k: _label(row.get(k))
+                    for k in ("region", "instance_id", "instance_type", "name", "experiment", "lifecycle")
+                },
+                value=usd,
+                at=since,
+                extra={
+                    "price": f"${usd:,.2f}/h" if math.isfinite(usd) else "unpriced (no price table row)",
+                    "launched": launched.strftime("%Y-%m-%d %H:%M UTC") if launched else "unknown",
+                    "spent_usd": usd * hours if math.isfinite(usd) else None,
+                    "price_as_of": _label(row.get("price_as_of")),
+                },
+            )
+        )
+    return out
+
+
 # -- prometheus --------------------------------------------------------------------------------------
 
 
@@ -398,4 +443,5 @@ EVALUATORS: dict[str, Callable[..., list[Finding]]] = {
     "fsx_low_space": fsx_low_space,
     "budget_burn": budget_burn,
     "cost_spike": cost_spike,
+    "untracked_spend": untracked_spend,
 }

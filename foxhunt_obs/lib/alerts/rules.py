@@ -6,11 +6,12 @@ strict: an unknown field, severity or source, a duplicate id, PromQL on a non-Pr
 `$placeholder` without its threshold is a `RuleCatalogError` naming the file and the rule.
 
 Overrides (the `overrides` file: the alerting resource passes FOXHUNT_ALERT_RULES) change thresholds,
-`for`, `severity` or `enabled` of existing rules::
+`for`, `severity`, `select` or `enabled` of existing rules::
 
     rules:
       gpu_underutilized: {thresholds: {util_min: 0.5}, for: 2h}
       idle_spend: {enabled: false}
+      untracked_spend: {select: {instance_type: "p.*"}}
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from typing import Any
 import yaml
 
 SEVERITIES = ("critical", "warning", "info")
-SOURCES = ("prometheus", "mlflow", "cloudwatch", "lake")
+SOURCES = ("prometheus", "mlflow", "cloudwatch", "lake", "ec2")
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "alert_rules.yaml"
 OVERRIDES_ENV = "FOXHUNT_ALERT_RULES"
 
 _REQUIRED = ("id", "severity", "source", "for", "thresholds", "key", "summary", "description")
-_OPTIONAL = ("labels", "promql", "enabled")
-_OVERRIDABLE = ("thresholds", "for", "severity", "enabled")
+_OPTIONAL = ("labels", "promql", "enabled", "select")
+_OVERRIDABLE = ("thresholds", "for", "severity", "enabled", "select")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -157,8 +158,13 @@ class Rule:
     labels: dict[str, str] = field(default_factory=dict)
     promql: str | None = None
     enabled: bool = True
+    select: dict[str, str] = field(default_factory=dict)  # label -> regex a finding's label must fullmatch
 
     __hash__ = None  # dict fields: not hashable; compare by value
+
+    def selects(self, labels: Mapping[str, Any]) -> bool:
+        """Whether an instance with these labels is one the rule is about (its `select` regexes)."""
+        return all(re.fullmatch(rx, str((labels or {}).get(k, ""))) for k, rx in self.select.items())
 
     @property
     def alertname(self) -> str:
@@ -306,7 +312,10 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise fail("enabled must be true or false")
+    select = _select(raw.get("select"), fail)
     promql = raw.get("promql")
+    if promql is not None and select:
+        raise fail("select is for rules evaluated in Python; a promql rule says it in its PromQL")
     if promql is not None:
         if raw["source"] != "prometheus":
             raise fail(f"promql is only for source prometheus, not {raw['source']!r}")
@@ -325,9 +334,25 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
         labels=dict(labels),
         promql=promql,
         enabled=enabled,
+        select=select,
     )
     _check_expr(rule, fail)
     return rule
+
+
+def _select(value: Any, fail) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and _LABEL_NAME.fullmatch(k) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise fail("select must map label names to regular expressions")
+    for k, rx in value.items():
+        try:
+            re.compile(rx)
+        except re.error as e:
+            raise fail(f"select {k}: bad regular expression {rx!r}: {e}") from None
+    return dict(value)
 
 
 def _check_severity(value: Any, fail) -> None:
@@ -416,6 +441,10 @@ def _apply_overrides(rules: list[Rule], path: Path) -> list[Rule]:
             if not isinstance(change["enabled"], bool):
                 raise fail("enabled must be true or false")
             updates["enabled"] = change["enabled"]
+        if "select" in change:
+            if rule.promql is not None:
+                raise fail("select is for rules evaluated in Python; a promql rule says it in its PromQL")
+            updates["select"] = _select(change["select"], fail)
         by_id[rid] = replace(rule, **updates)
         _check_expr(by_id[rid], fail)
     return [by_id[r.id] for r in rules]

@@ -89,7 +89,8 @@ class MotoServer(LocalServer):
         self.account_id = account_id
 
     def command(self) -> list[str]:
-        return [str(moto_script()), "-H", "127.0.0.1", "-p", str(self.port)]
+        # moto's server, with the sandbox's EC2 instance ids (moto_main.py)
+        return [sys.executable, "-m", "foxhunt_obs.sandbox.servers.moto_main", "-H", "127.0.0.1", "-p", str(self.port)]
 
     def prepare(self) -> None:
         moto_script()  # a clear error when moto[server] is not installed
@@ -394,6 +395,64 @@ def seed(scenario: Scenario, endpoint_url: str, ce_window: tuple[date, date] | N
         "line_items": len(items),
         "seeded_in": round(time.monotonic() - t0, 3),
     }
+
+
+# ---- EC2: the instances running at a moment of the scenario ----
+
+
+def _ec2_tags(scenario: Scenario, inst: bills.Instance) -> list[dict[str, str]]:
+    """What the instance carries: a node the tags an EKS managed node group puts on its instances (the
+    cluster's name, its Kubernetes cluster tag), a stray its Name and Experiment; both the default tags."""
+    aws = scenario.aws
+    tags = {**aws.default_tags, "Name": inst.node or inst.name}
+    if inst.node:
+        cluster = aws.eks_cluster or "foxhunt-eks"
+        tags |= {"eks:cluster-name": cluster, f"kubernetes.io/cluster/{cluster}": "owned"}
+    if inst.experiment:
+        tags["Experiment"] = inst.experiment
+    return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+
+def set_ec2_as_of(scenario: Scenario, endpoint_url: str, now: datetime) -> dict[str, list[str]]:
+    """Make moto's running EC2 instances those of the scenario at ``now``: every node's instance (the ids
+    its kube_node_info history names, through moto_main's ClientToken) and every stray instance running
+    then; the others are terminated. For a replay walking forward through the scenario (a terminated
+    instance does not come back). Returns the ids started and terminated."""
+    from foxhunt_obs.sandbox.servers.moto_main import ID_TOKEN
+    from foxhunt_obs.sandbox.story.truth import availability_zone
+
+    ec2 = _client("ec2", endpoint_url, scenario.aws.region)
+    want = {
+        i.instance_id: i
+        for i in bills.instances(scenario) + bills.stray_instances(scenario)
+        if i.start <= now < i.end
+    }
+    running = {
+        inst["InstanceId"]
+        for page in ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+        )
+        for r in page["Reservations"]
+        for inst in r["Instances"]
+    }
+    start = sorted(set(want) - running)
+    if start:
+        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]  # one of moto's defaults
+    for instance_id in start:
+        inst = want[instance_id]
+        ec2.run_instances(
+            ImageId=image,
+            InstanceType=inst.instance_type,
+            MinCount=1,
+            MaxCount=1,
+            ClientToken=f"{ID_TOKEN}{instance_id}",
+            Placement={"AvailabilityZone": availability_zone(scenario)},
+            TagSpecifications=[{"ResourceType": "instance", "Tags": _ec2_tags(scenario, inst)}],
+        )
+    stop = sorted(running - set(want))
+    if stop:
+        ec2.terminate_instances(InstanceIds=stop)
+    return {"started": start, "terminated": stop}
 
 
 def sandbox_env(state: dict) -> dict[str, str]:

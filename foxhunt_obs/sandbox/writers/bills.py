@@ -83,6 +83,7 @@ class Instance:
     start: datetime
     end: datetime
     experiment: str = ""  # its Experiment tag ('' for none: nodes are shared)
+    name: str = ""  # a stray's name (its Name tag); a node's instance is named by the node
 
 
 def instance_id(node: str, generation: int = 0) -> str:
@@ -109,7 +110,7 @@ def instances(scenario: Scenario) -> list[Instance]:
 def stray_instances(scenario: Scenario) -> list[Instance]:
     """The aws block's stray_instance incidents as instances on no node (``node`` is '')."""
     return [
-        Instance("", instance_id(f"stray/{x.name}"), x.instance_type, x.start, x.end, x.experiment)
+        Instance("", instance_id(f"stray/{x.name}"), x.instance_type, x.start, x.end, x.experiment, x.name)
         for x in _aws(scenario).strays
     ]
 

@@ -46,7 +46,7 @@ def test_registry_covers_the_rules_without_promql_and_fits_the_caller():
     assert set(EVALUATORS) == {r.id for r in RULES.values() if r.promql is None}
     # collect.py passes `now` to an evaluator with three parameters, else (rule, frame)
     arity = {rid: len(inspect.signature(fn).parameters) for rid, fn in EVALUATORS.items()}
-    assert arity == {rid: 3 if rid in ("fsx_low_space", "training_run_silent") else 2 for rid in EVALUATORS}
+    assert arity == {rid: 3 if rid in ("fsx_low_space", "training_run_silent", "untracked_spend") else 2 for rid in EVALUATORS}
 
 
 # -- mlflow ------------------------------------------------------------------------------------------
