@@ -5,9 +5,9 @@ STAMP := .venv/.installed-$(shell cat pyproject.toml exporter/pyproject.toml | s
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.foxhunt/dagster_home
 
-.PHONY: demo test ui bench lint install prometheus chromium alertmanager sandbox-down
+.PHONY: demo test ui bench lint install prometheus chromium alertmanager pushgateway sandbox-down
 
-install: $(STAMP) prometheus chromium alertmanager
+install: $(STAMP) prometheus chromium alertmanager pushgateway
 
 $(STAMP):
 	@command -v python3 >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3 python3-venv; }
@@ -35,6 +35,14 @@ alertmanager:
 	@if ! [ -x /usr/bin/prometheus-alertmanager ]; then \
 	  echo "installing Alertmanager (Debian package)"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus-alertmanager >/dev/null; \
+	fi
+
+# The Pushgateway receives the batch side's spend figures in the tests (foxhunt_obs_tests/lib/delivery).
+# --no-install-recommends: the binary only; the tests run it with persistence off, no service is enabled.
+pushgateway:
+	@if ! [ -x /usr/bin/prometheus-pushgateway ]; then \
+	  echo "installing Pushgateway (Debian package)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus-pushgateway >/dev/null; \
 	fi
 
 demo: install

@@ -12,12 +12,16 @@ import numpy as np
 
 from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.lib.analysis.prices import PriceError
+from foxhunt_obs.lib.delivery.pushgateway import PushgatewayError
 from foxhunt_obs.lib.ingest.gpu_series import IngestError
+from foxhunt_obs.lib.ingest.live_spend import LiveCostMissing
 from foxhunt_obs.lib.ingest.mig import MigError
+from foxhunt_obs.lib.ingest.untracked import UntrackedError
 from foxhunt_obs.lib.lake import LakeError
 from foxhunt_obs.lib.sources.budgets import BudgetsError
 from foxhunt_obs.lib.sources.cost_explorer import CostExplorerError
 from foxhunt_obs.lib.sources.cur import CurError
+from foxhunt_obs.lib.sources.ec2 import Ec2Error
 from foxhunt_obs.lib.sources.fsx import FsxSourceError
 from foxhunt_obs.lib.sources.mlflow import MlflowSourceError
 from foxhunt_obs.lib.sources.prometheus import PrometheusError
@@ -26,6 +30,10 @@ from foxhunt_obs.lib.tables.gpu import FewerRows
 
 # what a table function may raise that is the input's fault, not a bug: shown as the step's failure
 EXPECTED_ERRORS = (
+    LiveCostMissing,
+    UntrackedError,
+    Ec2Error,
+    PushgatewayError,
     LakeError,
     PriceError,
     MissingInput,

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Generate deploy/grafana/configmaps.yaml from the dashboard JSON files beside it.
 
-The JSON files are the source; the ConfigMaps (one per dashboard, namespace ``monitoring``, label
+The JSON files are the source (training-cockpit.json, gpu-fleet.json, foxhunt-cost.json: every *.json here);
+the ConfigMaps (one per dashboard, namespace ``monitoring``, label
 ``grafana_dashboard: "1"`` for the Grafana sidecar of kube-prometheus-stack) embed each file's text
 byte for byte, so they can never drift from it. Run after editing a dashboard:
 
@@ -30,7 +31,8 @@ def dashboard_files(directory: Path = HERE) -> list[Path]:
 
 
 def configmap_name(path: Path) -> str:
-    return f"foxhunt-dashboard-{path.stem}"
+    # foxhunt-cost.json -> foxhunt-dashboard-cost, gpu-fleet.json -> foxhunt-dashboard-gpu-fleet
+    return f"foxhunt-dashboard-{path.stem.removeprefix('foxhunt-')}"
 
 
 def _configmap(path: Path) -> str:

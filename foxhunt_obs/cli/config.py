@@ -35,5 +35,9 @@ def price_region() -> str:
     return resources.CostsResource.from_env(resolve=True).value("price_region")
 
 
+def costs() -> resources.CostsResource:
+    return resources.CostsResource.from_env(resolve=True)
+
+
 def alerting() -> resources.AlertingResource:
     return resources.AlertingResource.from_env(resolve=True)

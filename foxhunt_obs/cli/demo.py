@@ -26,16 +26,18 @@ def alerts_replay(
     from foxhunt_obs.lib.delivery.alert_sinks import AlertmanagerSink, LakeAlertSink
     from foxhunt_obs.lib.sources.fsx import FsxSource
     from foxhunt_obs.sandbox.servers.alertmanager import AlertmanagerServer
+    from foxhunt_obs.sandbox.servers.moto_server import set_ec2_as_of
     from foxhunt_obs.sandbox.story import expected_alerts
     from foxhunt_obs.sandbox.story.scenario import load_scenario
 
-    aws, lake = config.aws(), config.lake()
+    aws, lake, prometheus = config.aws(), config.lake(), config.prometheus()
     sources = Sources(
-        prometheus=config.prometheus(),
+        prometheus=prometheus,
         mlflow=config.mlflow(),
         fsx=FsxSource(aws.client("fsx"), aws.client("cloudwatch")),
         fsx_ids=config.fsx_ids(),
         lake=lake,
+        ec2=config.costs().untracked(aws, prometheus),
     )
     scenario = load_scenario(info["scenario"])
     # the sandbox cluster's own settings (gpu_node_missing: its node count), unless FOXHUNT_ALERT_RULES says
@@ -50,6 +52,8 @@ def alerts_replay(
             start,
             end + timedelta(seconds=1),
             every_s,
+            # moto's running EC2 instances follow the scenario: its nodes, and a stray while it runs
+            before_tick=lambda now: set_ec2_as_of(scenario, info["aws_url"], now),
         )
         active = alertmanager.alerts(active=True)
     lines = [
@@ -72,6 +76,8 @@ def alerts_replay(
         "(each fired once after it began and resolved once after it ended, or still fires)"
     )
     lines += [f"  MISSED {e.rule} for {e.what}: {why}" for e, why in verdict.missed]
+    for stray in scenario.aws.strays if scenario.aws else ():
+        lines.append("  " + stray_latency(stray, sent))
     if verdict.other:
         lines.append(
             "  Also fired (no injected incident; by the scenario's design): "
@@ -80,6 +86,38 @@ def alerts_replay(
             )
         )
     return "\n".join(lines), verdict.ok
+
+
+def alerts_start(info: dict, week_start: datetime, day_start: datetime) -> datetime:
+    """Where the demo's alert replay begins: the last day, or an hour before the first stray instance of
+    the week when one ran earlier, so its live alert is seen beside the bill's cost_spike of the day after."""
+    from foxhunt_obs.sandbox.story.scenario import load_scenario
+
+    scenario = load_scenario(info["scenario"])
+    strays = [x.start for x in (scenario.aws.strays if scenario.aws else ()) if x.start >= week_start]
+    first = [t.replace(minute=0, second=0, microsecond=0) - timedelta(hours=1) for t in strays]
+    return min([day_start, *first])
+
+
+def stray_latency(stray, sent: list) -> str:
+    """How long after a stray instance started each cost alert about it fired: untracked_spend (live,
+    EC2) against cost_spike (the bill's day, the morning after)."""
+
+    def first(rule: str, match) -> str:
+        ticks = [
+            t for t, n in sent if n.rule == rule and n.status == "firing" and t >= stray.start and match(n)
+        ]
+        if not ticks:
+            return "not fired"
+        hours = (ticks[0] - stray.start).total_seconds() / 3600
+        return f"{ticks[0]:%m-%d %H:%M} ({hours:.1f} h after it started)"
+
+    live = first("untracked_spend", lambda n: n.labels.get("name") == stray.name)
+    bill = first("cost_spike", lambda n: True)
+    return (
+        f"Stray {stray.instance_type} {stray.name} started {stray.start:%m-%d %H:%M}: untracked_spend {live}; "
+        f"cost_spike {bill} (on a real bill, add CUR's 24-48 h)"
+    )
 
 
 def run_demo(args) -> int:
@@ -128,7 +166,7 @@ def run_demo(args) -> int:
             print()
             print(weekly_summary(week.strftime("%Y-%m-%d")))
         print()
-        text, found_all = alerts_replay(info, args.state_dir, day_start, end)
+        text, found_all = alerts_replay(info, args.state_dir, alerts_start(info, start, day_start), end)
         print(text)
         if not found_all:
             return 1

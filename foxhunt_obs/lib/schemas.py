@@ -465,6 +465,28 @@ ALERTS = TableSpec(
     ),
 )
 
+SPEND_NOW = TableSpec(
+    name="spend_now",
+    partition="day",
+    doc=(
+        "Live spend as of a refresh, per experiment and source (cluster: the live cost rules' $/h in "
+        "Prometheus; untracked: running EC2 instances outside the cluster): $/h now, today so far, the "
+        "month so far (the lake's cost_allocation for its complete days, live for the rest) and the "
+        "month's run rate (so far + $/h now x the hours left). A refresh replaces the day's partition."
+    ),
+    schema=pa.schema(
+        [
+            ("as_of", TS),
+            ("experiment", pa.string()),
+            ("source", pa.string()),  # cluster / untracked
+            ("usd_per_hour", pa.float64()),
+            ("today_usd", pa.float64()),
+            ("month_usd", pa.float64()),
+            ("run_rate_usd", pa.float64()),  # the month's projection at the current $/h
+        ]
+    ),
+)
+
 TABLES: dict[str, TableSpec] = {
     t.name: t
     for t in (
@@ -483,5 +505,6 @@ TABLES: dict[str, TableSpec] = {
         UTILIZATION_PER_DOLLAR,
         OUTCOME_PER_DOLLAR,
         ALERTS,
+        SPEND_NOW,
     )
 }

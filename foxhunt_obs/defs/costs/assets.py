@@ -5,12 +5,21 @@ Cost Explorer rows come from one tag breakdown whose pairs are checked against i
 costs_hourly summed per resource, estimate rows are node-hours and file systems priced once each.
 """
 
+from datetime import datetime, timezone
+
 import dagster as dg
 
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.partitions import DAILY, days_of
-from foxhunt_obs.defs.resources import AwsResource, CostsResource, FsxResource, LakeResource
+from foxhunt_obs.defs.resources import (
+    AwsResource,
+    CostsResource,
+    FsxResource,
+    LakeResource,
+    PrometheusResource,
+)
 from foxhunt_obs.lib.tables import costs as tables
+from foxhunt_obs.lib.tables import spend
 
 
 @dg.asset(
@@ -97,3 +106,49 @@ def budgets(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResou
     yield from assetkit.results(
         assetkit.build(tables.budgets, lake.lake(), aws.client, days, costs.tags(), forecast)
     )
+
+
+@dg.asset(
+    deps=["cost_allocation"],
+    group_name="costs",
+    kinds={"prometheus", "aws", "parquet"},
+    check_specs=[
+        dg.AssetCheckSpec(
+            "month_complete",
+            asset="spend_now",
+            description="a warning when a day of the month is in neither the lake nor the live cost rules",
+        ),
+        dg.AssetCheckSpec(
+            "live_matches_lake",
+            asset="spend_now",
+            description="a warning when a complete day's live $ differs from cost_allocation's by more than 2 %",
+        )
+    ],
+    description=(
+        "Live spend per experiment: $/h now, today so far, the month so far and its run rate, from the "
+        "live cost rules in Prometheus, running EC2 instances outside the cluster and the lake's "
+        "cost_allocation; the live-vs-lake reconciliation of the last days. Pushed to the Pushgateway "
+        "when FOXHUNT_PUSHGATEWAY_URL is set. Refreshed by spend_now_schedule."
+    ),
+)
+def spend_now(
+    context: dg.AssetExecutionContext,
+    lake: LakeResource,
+    prometheus: PrometheusResource,
+    aws: AwsResource,
+    costs: CostsResource,
+):
+    from foxhunt_obs.lib.delivery.pushgateway import push_spend
+
+    client = prometheus.client()
+    built = assetkit.build(
+        spend.spend_now,
+        lake.lake(),
+        client,
+        costs.untracked(aws, client),
+        datetime.now(timezone.utc),
+        costs.value("pushgateway_url"),
+        push_spend,
+    )
+    assetkit.log(context, built)
+    yield from assetkit.results(built)

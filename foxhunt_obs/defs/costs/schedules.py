@@ -28,3 +28,17 @@ def costs_daily_schedule(context: dg.ScheduleEvaluationContext, costs: CostsReso
         last_of_previous = today.replace(day=1) - timedelta(days=1)
         requests += range_request(last_of_previous.replace(day=1), last_of_previous, "previous-month")
     return requests
+
+
+spend_now_job = dg.define_asset_job(
+    "spend_now_job",
+    selection=dg.AssetSelection.assets("spend_now"),
+    description="Live spend: $/h now, today, the month and its run rate; untracked EC2 instances.",
+)
+
+
+@dg.schedule(cron_schedule="*/15 * * * *", job=spend_now_job, execution_timezone="UTC")
+def spend_now_schedule(context: dg.ScheduleEvaluationContext):
+    """Every 15 minutes: the live figures budget_burn's run rate and the cost dashboard read (a refresh
+    older than 2 h is not used)."""
+    return dg.RunRequest(run_key=None)

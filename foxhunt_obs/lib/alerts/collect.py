@@ -185,19 +185,42 @@ def _fsx_frame(sources: Sources, now: datetime) -> pd.DataFrame:
     return frame
 
 
+SPEND_NOW_MAX_AGE = timedelta(hours=2)  # an older live figure is no run rate to warn on
+
+
+def _spend_now(lake, now: datetime, spec) -> pd.DataFrame:
+    """spend_now's newest refresh of `now`'s day, if no older than SPEND_NOW_MAX_AGE (rows marked source
+    'spend_now' for budget_burn; none when the asset has not run)."""
+    if not lake.partitions(spec):
+        return pd.DataFrame()
+    rows = lake.query(
+        """SELECT as_of, experiment, source AS spend_source, usd_per_hour, month_usd, run_rate_usd
+           FROM spend_now WHERE as_of = (SELECT max(as_of) FROM spend_now WHERE as_of <= $now AND as_of > $since)""",
+        {"now": now, "since": now - SPEND_NOW_MAX_AGE},
+        tables=[spec],
+    ).to_pandas()
+    return rows.assign(source="spend_now")
+
+
 def _lake_rules(rules: list[Rule], sources: Sources, now: datetime, out: Evaluation) -> None:
-    from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY
+    from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY, SPEND_NOW
 
     lake = sources.lake
     day = now.astimezone(timezone.utc).date()
     first = (day - timedelta(days=COST_LOOKBACK_DAYS)).isoformat()
     frames = {
-        "budget_burn": lambda: lake.query(
-            """SELECT * FROM budgets WHERE source = 'budgets' AND day = (
-                 SELECT max(day) FROM budgets WHERE day <= $day)""",
-            {"day": day.isoformat()},
-            tables=[BUDGETS],
-        ).to_pandas(),
+        "budget_burn": lambda: pd.concat(
+            [
+                lake.query(
+                    """SELECT * FROM budgets WHERE source = 'budgets' AND day = (
+                         SELECT max(day) FROM budgets WHERE day <= $day)""",
+                    {"day": day.isoformat()},
+                    tables=[BUDGETS],
+                ).to_pandas(),
+                _spend_now(lake, now, SPEND_NOW),
+            ],
+            ignore_index=True,
+        ),
         # the days before today are complete: CUR where it landed, else Cost Explorer
         "cost_spike": lambda: lake.query(
             """WITH d AS (

@@ -34,6 +34,7 @@ FSX_FREE_METRIC = "FreeDataStorageCapacity"
 FSX_FREE_STATISTIC = "Minimum"  # the fullest OST
 BUDGETS_SOURCE = "budgets"  # AWS Budgets: forecast_usd is the whole period's forecast (ForecastedSpend)
 CE_FORECAST_SOURCE = "ce_forecast"  # Cost Explorer: forecast_usd covers [today, end of period) only
+SPEND_SOURCE = "spend_now"  # spend_now rows beside the budgets: usd_per_hour, month_usd, run_rate_usd, as_of
 
 
 @dataclass(frozen=True)
@@ -270,24 +271,75 @@ def _projected(row: Mapping[str, Any]) -> tuple[float | None, str]:
     return actual, "actual"
 
 
+def _hours_left(as_of: datetime) -> float:
+    days = pd.Timestamp(as_of).days_in_month
+    end = datetime(as_of.year, as_of.month, 1, tzinfo=timezone.utc) + timedelta(days=days)
+    return max(0.0, (end - as_of).total_seconds() / 3600)
+
+
+def _experiment_budgets(rule: Rule, spend: pd.DataFrame, burn: float) -> list[Finding]:
+    """The rule's per-experiment budgets against spend_now's run rate (the lake's allocated $ so far + $/h
+    now x the hours left), cluster and untracked instances together."""
+    out = []
+    for name, limit in sorted(rule.budgets.items()):
+        mine = spend[spend["experiment"] == name]
+        if mine.empty:
+            continue
+        value = float(mine["run_rate_usd"].sum())
+        pct = 100.0 * value / limit
+        if pct <= burn:
+            continue
+        out.append(
+            Finding(
+                rule=rule.id,
+                labels={"budget_name": f"{name} (experiment)"},
+                value=value,
+                at=utc(mine["as_of"].max()),
+                extra={
+                    "pct": pct,
+                    "limit_usd": limit,
+                    "actual_usd": float(mine["month_usd"].sum()),
+                    "forecast_usd": value,
+                    "basis": "spend_now run rate",
+                },
+            )
+        )
+    return out
+
+
 def budget_burn(rule: Rule, budgets: pd.DataFrame) -> list[Finding]:
     """A finding per budget whose projected spend for the period (see _projected) exceeds `burn_pct` % of
     its limit. Budgets without a dollar limit (USAGE budgets, the Cost Explorer forecast row) are skipped;
     of several rows of one budget the newest (day, then synced_at) counts. value: the projection;
-    extra pct, limit_usd, actual_usd, forecast_usd, basis; at: the row's synced_at, else its day."""
-    if _empty(budgets, "budget_name", "limit_usd"):
-        return []
+    extra pct, limit_usd, actual_usd, forecast_usd, basis; at: the row's synced_at, else its day.
+
+    spend_now rows beside them (source `spend_now`) raise a monthly budget's projection to the bill's
+    actual + the live $/h x the hours left where that is more (a stray instance started an hour ago is in
+    the live $/h, not yet in any forecast), and price the rule's per-experiment `budgets`."""
     burn = float(rule.thresholds["burn_pct"])
+    spend = pd.DataFrame()
+    if not _empty(budgets, "source") and "run_rate_usd" in budgets.columns:
+        spend = budgets[budgets["source"] == SPEND_SOURCE]
+        budgets = budgets[budgets["source"] != SPEND_SOURCE]
+    out = _experiment_budgets(rule, spend, burn) if not spend.empty else []
+    if _empty(budgets, "budget_name", "limit_usd"):
+        return out
+    live_rate = float(spend["usd_per_hour"].sum()) if not spend.empty else None
+    live_at = utc(spend["as_of"].max()) if not spend.empty else None
     b = budgets
     order = [c for c in ("day", "synced_at") if c in b.columns]
     if order:
         b = b.sort_values(order, kind="stable")
-    out = []
     for _, row in b.groupby("budget_name", sort=True).tail(1).sort_values("budget_name").iterrows():
         limit = row.get("limit_usd")
         if limit is None or pd.isna(limit) or float(limit) <= 0:
             continue
         value, basis = _projected(row)
+        actual = row.get("actual_usd")
+        if live_rate is not None and str(row.get("time_unit", "MONTHLY")) == "MONTHLY" and pd.notna(actual):
+            run_rate = float(actual) + live_rate * _hours_left(live_at)
+            if value is None or run_rate > value:
+                value, basis = run_rate, "actual+run rate"
         if value is None:
             continue
         pct = 100.0 * value / float(limit)

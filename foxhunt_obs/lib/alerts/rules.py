@@ -34,8 +34,8 @@ DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "alert_rules.yaml"
 OVERRIDES_ENV = "FOXHUNT_ALERT_RULES"
 
 _REQUIRED = ("id", "severity", "source", "for", "thresholds", "key", "summary", "description")
-_OPTIONAL = ("labels", "promql", "enabled", "select")
-_OVERRIDABLE = ("thresholds", "for", "severity", "enabled", "select")
+_OPTIONAL = ("labels", "promql", "enabled", "select", "budgets")
+_OVERRIDABLE = ("thresholds", "for", "severity", "enabled", "select", "budgets")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -159,6 +159,7 @@ class Rule:
     promql: str | None = None
     enabled: bool = True
     select: dict[str, str] = field(default_factory=dict)  # label -> regex a finding's label must fullmatch
+    budgets: dict[str, float] = field(default_factory=dict)  # budget_burn: experiment -> monthly limit $
 
     __hash__ = None  # dict fields: not hashable; compare by value
 
@@ -313,6 +314,7 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
     if not isinstance(enabled, bool):
         raise fail("enabled must be true or false")
     select = _select(raw.get("select"), fail)
+    budgets = _budgets(raw.get("budgets"), fail)
     promql = raw.get("promql")
     if promql is not None and select:
         raise fail("select is for rules evaluated in Python; a promql rule says it in its PromQL")
@@ -335,6 +337,7 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
         promql=promql,
         enabled=enabled,
         select=select,
+        budgets=budgets,
     )
     _check_expr(rule, fail)
     return rule
@@ -353,6 +356,24 @@ def _select(value: Any, fail) -> dict[str, str]:
         except re.error as e:
             raise fail(f"select {k}: bad regular expression {rx!r}: {e}") from None
     return dict(value)
+
+
+def _budgets(value: Any, fail) -> dict[str, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+        raise fail("budgets must map experiment names to monthly limits in USD")
+    out = {}
+    for name, limit in value.items():
+        if (
+            isinstance(limit, bool)
+            or not isinstance(limit, int | float)
+            or not math.isfinite(limit)
+            or limit <= 0
+        ):
+            raise fail(f"budgets {name}: the limit must be a positive number of USD, got {limit!r}")
+        out[name] = float(limit)
+    return out
 
 
 def _check_severity(value: Any, fail) -> None:
@@ -445,6 +466,8 @@ def _apply_overrides(rules: list[Rule], path: Path) -> list[Rule]:
             if rule.promql is not None:
                 raise fail("select is for rules evaluated in Python; a promql rule says it in its PromQL")
             updates["select"] = _select(change["select"], fail)
+        if "budgets" in change:
+            updates["budgets"] = _budgets(change["budgets"], fail)
         by_id[rid] = replace(rule, **updates)
         _check_expr(by_id[rid], fail)
     return [by_id[r.id] for r in rules]

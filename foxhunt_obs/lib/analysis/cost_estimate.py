@@ -1,22 +1,27 @@
-"""The live cost estimate: price table × what ran, before Cost Explorer and CUR land (~24 h late).
+"""The live cost estimate: rate × what ran, before Cost Explorer and CUR land (~24 h late).
 
 GPU nodes: node-hours from node_samples (each row stands for step_seconds of a node that reported) × the
-on-demand price of the node's instance type. A node that does not report (lost, replaced) is not billed by
-AWS either once its instance is gone, so counting reporting time matches the bill. FSx for Lustre: the
-hours a file system published CloudWatch datapoints (fsx_metrics) × its provisioned storage × the GB-month
-price of its deployment type and throughput tier, prorated by the hours of the month (AWS's rule). Experiment attribution of shared nodes is not done here; the rows
-carry no tags (the GPU-hour allocation does it).
+rate of the node's instance type: the effective rate the newest landed bill shows for it (Savings Plans,
+Reserved Instances, spot: analysis/effective_rates.py), else the price table's on-demand list price.
+costs_daily has no column for it (Cost Explorer's rows share the schema), so Estimate.basis says which
+priced each row (effective / list; FSx rows: list) and costs_daily's metadata shows it. A node that does
+not report (lost, replaced) is not billed by AWS either once its instance is gone, so counting reporting
+time matches the bill. FSx for Lustre: the hours a file system published CloudWatch datapoints
+(fsx_metrics) × its provisioned storage × the GB-month price of its deployment type and throughput tier,
+prorated by the hours of the month (AWS's rule). Experiment attribution of shared nodes is not done here;
+the rows carry no tags (the GPU-hour allocation does it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 
 import pyarrow as pa
 
+from foxhunt_obs.lib.analysis.effective_rates import EffectiveRates, hourly_rate
 from foxhunt_obs.lib.analysis.prices import PriceTable, hours_in_month
 from foxhunt_obs.lib.schemas import COSTS_DAILY, NODE_SAMPLES
 
@@ -59,6 +64,9 @@ class Estimate:
     table: pa.Table
     unpriced: list[str]  # "node (instance type)" / "fs-id (key)" with no price: not in the estimate
     node_hours: float
+    # instance type -> (basis, $/h, where the rate came from) for the EC2 rows priced
+    ec2_rates: dict[str, tuple[str, float, str]] = field(default_factory=dict)
+    basis: dict[str, str] = field(default_factory=dict)  # row's resource_id -> effective / list
 
 
 def estimate_day(
@@ -66,17 +74,23 @@ def estimate_day(
     node_hours: Iterable[tuple[str, str, float]],
     file_systems: Iterable[StorageCapacity],
     prices: PriceTable,
+    rates: EffectiveRates | None = None,
 ) -> Estimate:
+    """``rates``: the effective rates of the bills landed so far (None: list prices only)."""
     rows: list[dict] = []
     unpriced: list[str] = []
+    used: dict[str, tuple[str, float, str]] = {}
+    basis: dict[str, str] = {}
     total_hours = 0.0
     for node, instance_type, hours in node_hours:
         total_hours += hours
-        price = prices.find("AmazonEC2", instance_type)
-        if price is None:
+        rate = hourly_rate(instance_type, prices, rates)
+        if rate is None:
             unpriced.append(f"{node} ({instance_type or 'no instance type label'})")
             continue
-        rows.append(_row(day, "AmazonEC2", node, price.usd * Decimal(str(hours)), hours))
+        used[instance_type] = (rate.basis, float(rate.usd_per_hour), rate.source)
+        rows.append(_row(day, "AmazonEC2", node, rate.usd_per_hour * Decimal(str(hours)), hours))
+        basis[node] = rate.basis
     for fs in file_systems:
         if fs.hours <= 0:
             continue
@@ -88,8 +102,10 @@ def estimate_day(
         hourly = prices.per_hour(price, fs.storage_capacity_gib, day)
         gb_month = Decimal(fs.storage_capacity_gib) * hours / hours_in_month(day)
         rows.append(_row(day, "AmazonFSx", fs.id, hourly * hours, float(gb_month)))
+        basis[fs.id] = "list"
     rows.sort(key=lambda r: (r["service"], r["resource_id"]))
-    return Estimate(pa.Table.from_pylist(rows, schema=COSTS_DAILY.schema), unpriced, total_hours)
+    table = pa.Table.from_pylist(rows, schema=COSTS_DAILY.schema)
+    return Estimate(table, unpriced, total_hours, dict(sorted(used.items())), basis)
 
 
 def _row(day: date, service: str, resource_id: str, cost: Decimal, quantity: float) -> dict:

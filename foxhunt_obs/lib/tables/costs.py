@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import date, datetime, timedelta, timezone
 
 import duckdb
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -20,6 +21,7 @@ from foxhunt_obs.lib.analysis.cost_estimate import (
     file_system_hours,
     node_hours,
 )
+from foxhunt_obs.lib.analysis.effective_rates import effective_rates
 from foxhunt_obs.lib.analysis.prices import PriceTable, load_price_table
 from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake
@@ -37,6 +39,14 @@ SELECT CAST($day AS DATE) AS day, 'cur' AS source, project, environment, experim
   false AS estimated
 FROM costs_hourly WHERE day = $key
 GROUP BY ALL ORDER BY project, environment, experiment, service, resource_id
+"""
+
+# The EC2 instance-hour lines of the bill days up to one day (trailing RATE_WINDOW_DAYS): the effective rates
+# the estimate prices that day with (analysis/effective_rates.py keeps the newest bill day per type)
+RATE_WINDOW_DAYS = 7
+EC2_LINES_SQL = """
+SELECT hour, service, line_item_type, usage_type, instance_type, usage_amount, amortized_usd
+FROM costs_hourly WHERE day >= $first AND day <= $key AND service = 'AmazonEC2' AND instance_type <> ''
 """
 
 
@@ -111,6 +121,8 @@ def costs_daily(
     prices = load_price_table(price_region)
     lake_con = lake.connect([COSTS_HOURLY, NODE_SAMPLES, FSX_METRICS])
     tables, unpriced, cur_totals = {}, set(), {}
+    rate_rows: list[dict] = []
+    unknown_region_lines = 0
     try:
         for day in days:
             key = COSTS_DAILY.key(day)
@@ -126,8 +138,17 @@ def costs_daily(
                 )
                 for f in file_systems
             ]  # fmt: skip
-            estimate = estimate_day(day.date(), node_hours(lake_con, day.date()), capacities, prices)
+            lines = lake_con.execute(
+                EC2_LINES_SQL,
+                {"first": COSTS_DAILY.key(day - timedelta(days=RATE_WINDOW_DAYS - 1)), "key": key},
+            ).to_arrow_table()
+            rates = effective_rates(lines, until=day + timedelta(days=1))
+            unknown_region_lines += rates.unknown_region_lines
+            estimate = estimate_day(day.date(), node_hours(lake_con, day.date()), capacities, prices, rates)
             unpriced.update(estimate.unpriced)
+            for itype, (basis, usd, source) in estimate.ec2_rates.items():
+                rate_rows.append({"day": key, "instance_type": itype, "price_basis": basis,
+                                  "usd_per_hour": round(usd, 6), "from": source})  # fmt: skip
             ce_day = ce_table.filter(pc.equal(ce_table["day"], pa.scalar(day.date(), pa.date32())))
             tables[key] = pa.concat_tables(
                 [
@@ -169,6 +190,12 @@ def costs_daily(
         "cost_explorer_calls": int(ce.calls),
         "cost_explorer_usd_spent": round(ce.cost_usd, 2),
         "unpriced": ", ".join(sorted(unpriced)) or "none",
+        # which rate priced each instance type's estimate rows: effective (the newest landed bill's
+        # amortized $ per instance-hour) or list (the price table, no bill yet)
+        "estimate_price_basis": (
+            md_table(pd.DataFrame(rate_rows), floatfmt=None) if rate_rows else "no EC2 rows"
+        ),
+        "cur_lines_of_unknown_region": unknown_region_lines,
     }
     checks = [
         double_counting_check(sums, ce.day_totals, cur_totals),

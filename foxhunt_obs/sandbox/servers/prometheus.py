@@ -44,10 +44,16 @@ PROMTOOL = "/usr/bin/promtool"
 RECORDING_RULES = (
     Path(__file__).resolve().parents[3] / "deploy" / "prometheus" / "foxhunt-recording-rules.yaml"
 )
+COST_RULES = RECORDING_RULES.parent / "foxhunt-cost-rules.yaml"  # `foxhunt-obs rules export`, issue 16
+# How the rules are backfilled (levels, look-back); part of the cache key, bump it when that changes.
+BACKFILL_METHOD = "levels-lookback-2"
 
 
 def _rules_digest() -> str:
-    return hashlib.sha256(RECORDING_RULES.read_bytes()).hexdigest()[:8]
+    digest = hashlib.sha256(BACKFILL_METHOD.encode())
+    for rules in (RECORDING_RULES, COST_RULES):  # a TSDB holds both files' records
+        digest.update(rules.read_bytes())
+    return digest.hexdigest()[:8]
 
 
 def tsdb_path(scenario: Scenario, cache_root: Path, metrics: set[str] | None = None) -> Path:
@@ -82,6 +88,7 @@ def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = 
         shutil.rmtree(tmp / "openmetrics")
         if not metrics:
             backfill_recording_rules(scenario, tmp / "tsdb", tmp)
+            backfill_cost_rules(scenario, tmp / "tsdb", tmp)
 
     final = tsdb_path(scenario, cache_root, metrics).parent
     return build_once(final, build, f"{scenario.name} {scenario.fingerprint()}") / "tsdb"
@@ -96,31 +103,96 @@ def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None
     another rule's output (Prometheus docs, "Backfilling for Recording Rules: Limitations"), while a live
     Prometheus evaluates a group's rules in order, each seeing the ones before it at the same timestamp.
     So the rules are backfilled with those references inlined (``inline_records``): the same values,
-    e.g. foxhunt:gpu_util:ratio from GR_ENGINE_ACTIVE on a MIG slice, which reports no GPU_UTIL."""
-    out, rules_file = work / "rule-blocks", work / "rules-inlined.yaml"
-    rules_file.write_text(yaml.safe_dump(inline_records(RECORDING_RULES), sort_keys=False, width=1 << 20))
-    with PrometheusServer(tsdb, workdir=work) as server:
-        r = subprocess.run(
-            [
-                PROMTOOL, "tsdb", "create-blocks-from", "rules", "--quiet",
-                f"--url={server.url}", f"--start={int(scenario.start.timestamp())}",
-                f"--end={int(scenario.end.timestamp())}", f"--eval-interval={scenario.step_s}s",
-                f"--output-dir={out}", str(rules_file),
-            ],
-            capture_output=True,
-            text=True,
-        )  # fmt: skip
-    if r.returncode:
-        raise SandboxError(
-            f"promtool create-blocks-from rules failed (exit {r.returncode}): {r.stderr[-2000:]}"
-        )
-    for block in out.iterdir():
-        block.rename(tsdb / block.name)
-    shutil.rmtree(out)
-    rules_file.unlink()
-    for leftover in ("wal", "chunks_head", "queries.active", "lock"):  # the temporary server's own state
-        path = tsdb / leftover
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    e.g. foxhunt:gpu_util:ratio from GR_ENGINE_ACTIVE on a MIG slice, which reports no GPU_UTIL.
+    The evaluating server looks back less than a scrape step (``_backfill_rules``)."""
+    doc = inline_records(RECORDING_RULES)
+    _backfill_rules(scenario, tsdb, work, [doc])
+
+
+def backfill_cost_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
+    """The live cost rules (foxhunt:*cost*:usd_per_hour, COST_RULES) over the scenario's history, after
+    the canonical records they read are in the TSDB (``backfill_recording_rules``): the sandbox's
+    Prometheus then answers the live $/h over the past as a cluster running them would have recorded it.
+
+    Not inlined (their references carry matchers, and inlining the canonical records they read would
+    nest those huge expressions once more): the group is backfilled in levels (``rule_levels``), each
+    against a server over the TSDB that already holds the levels before it, so every rule reads the
+    records it references as Prometheus evaluating the group in order would."""
+    _backfill_rules(scenario, tsdb, work, rule_levels(yaml.safe_load(COST_RULES.read_text())))
+
+
+def rule_levels(doc: dict) -> list[dict]:
+    """A rules file split into levels: level 0 reads no record of its group, level n reads records of
+    levels below n only (a record defined by several rules, one price per instance type, is at the
+    level of its highest). Each level is a rules file of the same groups (name, interval), so promtool
+    evaluates every level at the same timestamps (it offsets a group's evaluations by a hash of the
+    group's name and file: the levels are written to one path in turn)."""
+    levels: list[dict] = []
+    for group in doc["groups"]:
+        level_of: dict[str, int] = {}
+        for rule in group["rules"]:
+            refs = [
+                level_of[r]
+                for r in level_of
+                if re.search(rf"(?<![\w:]){re.escape(r)}(?![\w:])", rule["expr"])
+            ]
+            n = 1 + max(refs, default=-1)
+            level_of[rule["record"]] = max(level_of.get(rule["record"], 0), n)
+            while len(levels) <= n:
+                levels.append({"groups": []})
+            mine = levels[n]["groups"]
+            if not mine or mine[-1]["name"] != group["name"]:
+                mine.append({k: v for k, v in group.items() if k != "rules"} | {"rules": []})
+            mine[-1]["rules"].append(rule)
+    return levels
+
+
+def lookback_delta(scenario: Scenario) -> str:
+    """The look-back of the servers that evaluate rules for the backfill: just under a scrape step.
+
+    Backfilled history has no staleness markers (PrometheusServer), so with the default 5 minutes a
+    series that ends (a pod gone, a node lost, a GPU handed over) would go on answering for 5 minutes
+    in the recorded rules: the old holder of a GPU would share it with the new one, a lost node would
+    cost 5 more minutes, and each level of rules reading recorded rules would add 5 more. A live
+    Prometheus ends such a series at its next scrape (a staleness marker); the backfill's evaluations
+    (on the scrape grid, offset by less than a step) see each series' sample of that scrape only."""
+    return f"{max(scenario.step_s * 1000 - 1, 1)}ms"
+
+
+def _backfill_rules(scenario: Scenario, tsdb: Path, work: Path, levels: list[dict]) -> None:
+    """Each level of rules evaluated by promtool over the scenario's window against a server on the
+    TSDB (holding the levels before it), its blocks moved into the TSDB."""
+    # promtool offsets a group's evaluations by a hash of its name and file: the file is given by a
+    # relative name, the same in every build, so every build records the same timestamps and values
+    out, rules_file = work / "rule-blocks", work / "rules-backfill.yaml"
+    for doc in levels:
+        rules_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 20))
+        lookback = f"--query.lookback-delta={lookback_delta(scenario)}"
+        with PrometheusServer(tsdb, workdir=work, extra_args=(lookback,)) as server:
+            r = subprocess.run(
+                [
+                    PROMTOOL, "tsdb", "create-blocks-from", "rules", "--quiet",
+                    f"--url={server.url}", f"--start={int(scenario.start.timestamp())}",
+                    f"--end={int(scenario.end.timestamp())}", f"--eval-interval={scenario.step_s}s",
+                    f"--output-dir={out}", rules_file.name,
+                ],
+                capture_output=True,
+                text=True,
+                cwd=work,
+            )  # fmt: skip
+        if r.returncode:
+            records = sorted({x["record"] for g in doc["groups"] for x in g["rules"]})
+            raise SandboxError(
+                f"promtool create-blocks-from rules failed on {', '.join(records)} "
+                f"(exit {r.returncode}): {r.stderr[-2000:]}"
+            )
+        for block in out.iterdir():
+            block.rename(tsdb / block.name)
+        shutil.rmtree(out)
+        for leftover in ("wal", "chunks_head", "queries.active", "lock"):  # the temporary server's state
+            path = tsdb / leftover
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    rules_file.unlink(missing_ok=True)
 
 
 def inline_records(rules_file: Path) -> dict:

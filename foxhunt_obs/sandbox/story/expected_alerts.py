@@ -53,6 +53,8 @@ def ident(rule: str, labels: dict[str, str]) -> str:
     pod, the file system, the project or the budget; '' for cluster-wide alerts (gpu_node_missing)."""
     if rule in ("ecc_errors", "xid_errors"):
         return f"{labels.get('node', '')}/{labels.get('gpu', '')}"
+    if rule == "untracked_spend":
+        return labels.get("name") or labels.get("instance_id", "")
     for key in ("run_name", "pod", "file_system_name", "project", "budget_name"):
         if labels.get(key):
             return labels[key]
@@ -96,6 +98,9 @@ def expected(scenario: Scenario, silent_minutes: float = 30) -> list[Expected]:
                 out.append(Expected("fsx_low_space", fill.fsx, start, end, f"fsx_fill on {fill.fsx}"))
         project = scenario.aws.default_tags.get("Project", "")
         for stray in scenario.aws.strays:
+            what = f"stray {stray.instance_type} {stray.name} running {stray.start:%Y-%m-%d %H:%M}-{stray.end:%H:%M}"
+            # seen running by the first tick of its hours (EC2 describe_instances), until it stops
+            out.append(Expected("untracked_spend", stray.name, stray.start, stray.end, what))
             # cost_spike reads complete days: the morning after the expensive day, for one day
             last_day = (stray.end - timedelta(microseconds=1)).date()
             morning = datetime.combine(last_day, datetime.min.time(), stray.end.tzinfo) + DAY

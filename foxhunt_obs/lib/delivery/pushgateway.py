@@ -1,0 +1,167 @@
+"""The batch side's figures into Prometheus through a Pushgateway (issue 16 §4): what the live cost rules
+cannot see, for the cost dashboard beside the live $/h.
+
+* ``foxhunt_untracked_instance_cost_usd_per_hour{region, instance_id, instance_type, name, experiment}``:
+  running EC2 instances that no cluster node corresponds to, priced from the price table.
+* ``foxhunt_lake_cost_usd{day, experiment}`` and ``foxhunt_lake_idle_cost_usd{day, experiment}``: the
+  lake's cost_allocation dollars per complete day, to reconcile with the integral of the live $/h.
+
+One push replaces the whole group (HTTP PUT, ``job`` as the only grouping key), so an instance that
+stopped, or a day that left the pushed window, disappears from the gateway at the next push. Prometheus
+scrapes the gateway with ``honor_labels: true`` so the series keep ``job="<job>"`` (deploy/grafana/README.md).
+
+Plain Python: every value is an argument (no environment, no Dagster). A gateway that is down or refuses
+the push raises ``PushgatewayError`` naming the gateway (credentials masked) and the job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import urllib.error
+from collections.abc import Callable, Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.exposition import basic_auth_handler, default_handler, push_to_gateway
+
+from foxhunt_obs.lib.delivery.errors import scrub_secrets
+from foxhunt_obs.lib.redact import redact_url, scrub, split_userinfo
+
+UNTRACKED = "foxhunt_untracked_instance_cost_usd_per_hour"
+LAKE_COST = "foxhunt_lake_cost_usd"
+LAKE_IDLE = "foxhunt_lake_idle_cost_usd"
+UNTRACKED_LABELS = ("region", "instance_id", "instance_type", "name", "experiment")
+LAKE_LABELS = ("day", "experiment")
+DEFAULT_JOB = "foxhunt_obs_spend"
+
+
+class PushgatewayError(RuntimeError):
+    """A push that did not land: the gateway is unreachable, too slow, or refused the figures."""
+
+
+def push_spend(
+    url: str,
+    *,
+    untracked: Sequence[Mapping],
+    lake_daily: Sequence[Mapping],
+    job: str = DEFAULT_JOB,
+    timeout_s: float = 10.0,
+) -> int:
+    """Push the untracked instances' $/h and the lake's daily $ to the Pushgateway at ``url`` as the group
+    ``job`` (replacing what the group held); returns the number of samples pushed.
+
+    ``untracked`` rows: region, instance_id, instance_type, name, experiment, usd_per_hour.
+    ``lake_daily`` rows: day (``YYYY-MM-DD``, a date, or a datetime at 00:00 such as a pandas Timestamp),
+    experiment, cost_usd, idle_usd. An idle_usd of None or NaN (activity unknown) pushes no idle sample for
+    that row: unknown is not idle (DESIGN §5). A label of None or NaN is pushed empty (no label).
+    ``url`` may carry ``user:password@`` (sent as basic auth, never shown). The push is one HTTP request
+    whose connect and every read are bounded by ``timeout_s``."""
+    if not url:
+        raise ValueError("push_spend: no Pushgateway URL")
+    registry = CollectorRegistry()
+    untracked_gauge = Gauge(
+        UNTRACKED,
+        "Running EC2 instances no cluster node corresponds to, priced from the price table ($/h).",
+        UNTRACKED_LABELS,
+        registry=registry,
+    )
+    lake_cost = Gauge(
+        LAKE_COST,
+        "The lake's cost_allocation dollars of a complete day (UTC), per experiment.",
+        LAKE_LABELS,
+        registry=registry,
+    )
+    lake_idle = Gauge(
+        LAKE_IDLE,
+        "The lake's idle dollars (allocated x (1 - active fraction)) of a complete day (UTC), per experiment.",
+        LAKE_LABELS,
+        registry=registry,
+    )
+    for i, row in enumerate(untracked):
+        labels = _labels(row, UNTRACKED_LABELS, f"untracked[{i}]")
+        untracked_gauge.labels(*labels).set(_number(row, "usd_per_hour", f"untracked[{i}]"))
+    for i, row in enumerate(lake_daily):
+        where = f"lake_daily[{i}]"
+        labels = (_day(row, where), *_labels(row, ("experiment",), where))
+        lake_cost.labels(*labels).set(_number(row, "cost_usd", where))
+        if not _missing(_field(row, "idle_usd", where)):
+            lake_idle.labels(*labels).set(_number(row, "idle_usd", where))
+
+    plain, credentials = split_userinfo(url)
+    shown = redact_url(url)
+    handler = default_handler if credentials is None else _basic_auth(*credentials)
+    # "user:password" first: basic auth sends it base64-encoded whole. Shorter than 4 would mask plain words.
+    pair = [":".join(credentials)] if credentials else []
+    secrets = [s for s in (*pair, *(credentials or ())) if len(s) >= 4]
+    try:
+        push_to_gateway(plain, job=job, registry=registry, timeout=timeout_s, handler=handler)
+    except urllib.error.HTTPError as e:  # the gateway answered: 400 inconsistent metrics, 401, 5xx
+        detail = _body(e)
+        why = f"refused the push of job {job!r}: HTTP {e.code} {e.reason}" + (f": {detail}" if detail else "")
+        raise PushgatewayError(_masked(f"Pushgateway {shown} {why}", secrets)) from None
+    except (OSError, ValueError) as e:  # refused, unresolvable, timed out, a malformed URL
+        reason = getattr(e, "reason", None) or e
+        why = f"unreachable pushing job {job!r} (timeout {timeout_s:g} s): {type(reason).__name__}: {reason}"
+        raise PushgatewayError(_masked(f"Pushgateway {shown} {why}", secrets)) from None
+    return sum(len(m.samples) for m in registry.collect())
+
+
+def _masked(text: str, secrets: list[str]) -> str:
+    """URL userinfo and token parameters masked, and the credentials, also base64-encoded (an echoed
+    Authorization header)."""
+    return scrub_secrets(scrub(text, secrets), *secrets)
+
+
+def _basic_auth(username: str, password: str) -> Callable:
+    def handler(url, method, timeout, headers, data):
+        return basic_auth_handler(url, method, timeout, headers, data, username, password)
+
+    return handler
+
+
+def _body(e: urllib.error.HTTPError) -> str:
+    try:
+        return e.read(2000).decode(errors="replace").strip()
+    except Exception:  # noqa: BLE001 - the status line says enough
+        return ""
+
+
+def _field(row: Mapping, key: str, where: str):
+    try:
+        return row[key]
+    except KeyError:
+        raise ValueError(f"push_spend: {where} has no {key!r} (keys: {sorted(row)})") from None
+
+
+def _missing(value) -> bool:
+    """None, or a float NaN (pandas' missing value)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _labels(row: Mapping, keys: tuple[str, ...], where: str) -> list[str]:
+    return ["" if _missing(v := _field(row, k, where)) else str(v) for k in keys]
+
+
+def _number(row: Mapping, key: str, where: str) -> float:
+    value = _field(row, key, where)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"push_spend: {where}[{key!r}] is not a number: {value!r}") from None
+    if math.isinf(number):
+        raise ValueError(f"push_spend: {where}[{key!r}] is infinite")
+    return number
+
+
+def _day(row: Mapping, where: str) -> str:
+    value = _field(row, "day", where)
+    if isinstance(value, dt.datetime):  # pandas Timestamp too: a day's midnight names the day
+        if value.time() != dt.time(0) or value.utcoffset() not in (None, dt.timedelta(0)):
+            raise ValueError(f"push_spend: {where}['day'] is a time, not a UTC day: {value!r}")
+        return value.date().isoformat()
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    try:
+        return dt.date.fromisoformat(str(value)).isoformat()
+    except ValueError:
+        raise ValueError(f"push_spend: {where}['day'] is not YYYY-MM-DD: {value!r}") from None
