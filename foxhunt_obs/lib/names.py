@@ -9,4 +9,8 @@ OTHER_EXPERIMENTS = "(other experiments)"  # a chart's bucket for the experiment
 # by the GPU-hours each experiment held that day. The one policy there is; a second would be named here.
 SHARED_COST_POLICY = "shared by the GPU-hours each experiment held that day"
 
+# The bill's effective $/h per instance type (Savings Plans, RIs, spot), pushed by spend_now; the live cost
+# rules price a node with it where present, else with the price table's on-demand price
+EFFECTIVE_PRICE_METRIC = "foxhunt_effective_price_usd_per_hour"
+
 SQL_PARAMETERS = {"cluster_idle": CLUSTER_IDLE, "unattributed": UNATTRIBUTED}

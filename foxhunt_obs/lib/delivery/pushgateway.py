@@ -5,6 +5,9 @@ cannot see, for the cost dashboard beside the live $/h.
   running EC2 instances that no cluster node corresponds to, priced from the price table.
 * ``foxhunt_lake_cost_usd{day, experiment}`` and ``foxhunt_lake_idle_cost_usd{day, experiment}``: the
   lake's cost_allocation dollars per complete day, to reconcile with the integral of the live $/h.
+* ``foxhunt_effective_price_usd_per_hour{price_region, instance_type, bill_day}``: the $/h the newest
+  landed bill shows per instance type (analysis/effective_rates.py), which the live cost rules prefer to
+  the price table's on-demand price.
 
 One push replaces the whole group (HTTP PUT, ``job`` as the only grouping key), so an instance that
 stopped, or a day that left the pushed window, disappears from the gateway at the next push. Prometheus
@@ -25,6 +28,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.exposition import basic_auth_handler, default_handler, push_to_gateway
 
 from foxhunt_obs.lib.delivery.errors import scrub_secrets
+from foxhunt_obs.lib.names import EFFECTIVE_PRICE_METRIC
 from foxhunt_obs.lib.redact import redact_url, scrub, split_userinfo
 
 UNTRACKED = "foxhunt_untracked_instance_cost_usd_per_hour"
@@ -32,6 +36,7 @@ LAKE_COST = "foxhunt_lake_cost_usd"
 LAKE_IDLE = "foxhunt_lake_idle_cost_usd"
 UNTRACKED_LABELS = ("region", "instance_id", "instance_type", "name", "experiment")
 LAKE_LABELS = ("day", "experiment")
+EFFECTIVE_LABELS = ("price_region", "instance_type", "bill_day")
 DEFAULT_JOB = "foxhunt_obs_spend"
 
 
@@ -44,6 +49,7 @@ def push_spend(
     *,
     untracked: Sequence[Mapping],
     lake_daily: Sequence[Mapping],
+    rates: Sequence[Mapping] = (),
     job: str = DEFAULT_JOB,
     timeout_s: float = 10.0,
 ) -> int:
@@ -51,6 +57,7 @@ def push_spend(
     ``job`` (replacing what the group held); returns the number of samples pushed.
 
     ``untracked`` rows: region, instance_id, instance_type, name, experiment, usd_per_hour.
+    ``rates`` rows: price_region, instance_type, bill_day, usd_per_hour (the bill's effective rates).
     ``lake_daily`` rows: day (``YYYY-MM-DD``, a date, or a datetime at 00:00 such as a pandas Timestamp),
     experiment, cost_usd, idle_usd. An idle_usd of None or NaN (activity unknown) pushes no idle sample for
     that row: unknown is not idle (DESIGN §5). A label of None or NaN is pushed empty (no label).
@@ -77,6 +84,15 @@ def push_spend(
         LAKE_LABELS,
         registry=registry,
     )
+    effective = Gauge(
+        EFFECTIVE_PRICE_METRIC,
+        "The $/h the newest landed bill shows per instance type (amortized cost / usage), for the live cost rules.",
+        EFFECTIVE_LABELS,
+        registry=registry,
+    )
+    for i, row in enumerate(rates):
+        where = f"rates[{i}]"
+        effective.labels(*_labels(row, EFFECTIVE_LABELS, where)).set(_number(row, "usd_per_hour", where))
     for i, row in enumerate(untracked):
         labels = _labels(row, UNTRACKED_LABELS, f"untracked[{i}]")
         untracked_gauge.labels(*labels).set(_number(row, "usd_per_hour", f"untracked[{i}]"))

@@ -8,7 +8,9 @@ of a time-sliced GPU evenly, what no pod holds (and what no slice covers) to (cl
 state the same per evaluation:
 
   foxhunt:instance_price:usd_per_hour{instance_type}        one constant series per EC2 hourly price
-  foxhunt:node_cost:usd_per_hour{node, instance_type}       a node (kube_node_labels' instance type) x price
+  foxhunt:node_cost:usd_per_hour{node, instance_type}       a node (kube_node_labels' instance type) x its
+                                                            type's rate: the bill's effective $/h where
+                                                            spend_now pushed it, else the list price
   foxhunt:node_gpus:count{node}                             GPUs reporting on the node (by UUID)
   foxhunt:gpu_cost:usd_per_hour{node, uuid, instance_type}  the node's cost / its GPUs, per GPU
   foxhunt:gpu_holder:share{node, uuid, gpu_instance, namespace, pod}   a holder's part of its GPU
@@ -28,12 +30,13 @@ from __future__ import annotations
 
 from foxhunt_obs.lib.analysis.prices import PriceTable
 from foxhunt_obs.lib.ingest.metric_catalog import Catalog, kube_label_name
-from foxhunt_obs.lib.names import CLUSTER_IDLE, UNATTRIBUTED
+from foxhunt_obs.lib.names import CLUSTER_IDLE, EFFECTIVE_PRICE_METRIC, UNATTRIBUTED
 
 # The model, stated at the top of the generated file (the rules read in this order).
 MODEL = """The cost model of the batch path (foxhunt_obs/lib/tables/sql/cost_allocation.sql, before the bill
-lands), per minute: a node costs its instance type's on-demand $/h from the price table (no price, no
-series); each GPU reporting on it (by UUID) costs an equal part; a GPU's cost goes to its holders: a MIG
+lands), per minute: a node costs its instance type's rate: the effective $/h the newest landed bill shows
+(foxhunt_effective_price_usd_per_hour, pushed by spend_now: Savings Plans, RIs, spot), else the on-demand
+$/h of the price table (no price, no series); each GPU reporting on it (by UUID) costs an equal part; a GPU's cost goes to its holders: a MIG
 slice its profile's compute slices over the model's (mig_profiles.yaml), the pods of a time-sliced GPU
 evenly, the GPU itself when no pod holds it. What no holder covers (a MIG GPU's unsliced part) and what no
 pod holds is (cluster idle). Idle $ = a holder's $ x (1 - util) where util is known; all of (cluster
@@ -144,8 +147,10 @@ def cost_rules(
     rules += [
         {
             "record": "foxhunt:node_cost:usd_per_hour",
+            # the bill's effective rate where spend_now pushed one for the table's region, else the list
             "expr": f"{nodes}\n* on (instance_type) group_left ()\n"
-            "max by (instance_type) (foxhunt:instance_price:usd_per_hour)\n",
+            f'(max by (instance_type) ({EFFECTIVE_PRICE_METRIC}{{price_region="{prices.region}"}})\n'
+            " or max by (instance_type) (foxhunt:instance_price:usd_per_hour))\n",
         },
         {
             "record": "foxhunt:node_gpus:count",

@@ -2,7 +2,8 @@
 outcome_per_dollar for one UTC day. The statements live beside this module in sql/.
 
 A GPU-hour costs its node's cost for that hour (the instance's CUR line items when the bill is in, else
-the price table × the seconds the node reported) ÷ the GPUs reporting on the node, and is charged to the
+the seconds the node reported × the effective rate the newest landed bill shows for its type, else × the
+price table's on-demand price) ÷ the GPUs reporting on the node, and is charged to the
 pod that held the GPU (then the pod's experiment) for the share of the hour it held it; the rest is
 cluster idle. idle $ = allocated $ × (1 − active fraction). Lines of the bill on no node-hour go to their
 Experiment tag, else are shared by the GPU-hours each experiment held that day.
@@ -18,10 +19,17 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from foxhunt_obs.lib.analysis.effective_rates import EffectiveRates, effective_rates, hourly_rate
 from foxhunt_obs.lib.analysis.prices import PriceTable
 from foxhunt_obs.lib.analysis.training_health import mlflow_key
 from foxhunt_obs.lib.names import SQL_PARAMETERS
-from foxhunt_obs.lib.schemas import COST_ALLOCATION, NODE_SAMPLES, OUTCOME_PER_DOLLAR, UTILIZATION_PER_DOLLAR
+from foxhunt_obs.lib.schemas import (
+    COST_ALLOCATION,
+    COSTS_DAILY,
+    NODE_SAMPLES,
+    OUTCOME_PER_DOLLAR,
+    UTILIZATION_PER_DOLLAR,
+)
 
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 
@@ -58,12 +66,35 @@ def _run(con: duckdb.DuckDBPyConnection, name: str, day: date, spec) -> pa.Table
     return table.select(spec.schema.names).cast(spec.schema)
 
 
-def register_prices(con: duckdb.DuckDBPyConnection, prices: PriceTable) -> None:
-    """The EC2 on-demand prices as a view ec2_prices(instance_type, usd_per_hour)."""
+# The bill days whose EC2 instance-hour lines give a day's effective rates (the newest day per type wins)
+RATE_WINDOW_DAYS = 7
+EC2_LINES_SQL = """
+SELECT hour, service, line_item_type, usage_type, instance_type, usage_amount, amortized_usd
+FROM costs_hourly WHERE day >= $first AND day <= $key AND service = 'AmazonEC2' AND instance_type <> ''
+"""
+
+
+def bill_rates(con: duckdb.DuckDBPyConnection, day: datetime) -> EffectiveRates:
+    """The effective rates (analysis/effective_rates.py) of the bills landed in the RATE_WINDOW_DAYS up to
+    ``day``: what the estimate and the cost allocation price an instance-hour at before its own bill is in.
+    Needs the view costs_hourly."""
+    first = COSTS_DAILY.key(day - timedelta(days=RATE_WINDOW_DAYS - 1))
+    lines = con.execute(EC2_LINES_SQL, {"first": first, "key": COSTS_DAILY.key(day)}).to_arrow_table()
+    return effective_rates(lines, until=day + timedelta(days=1))
+
+
+def register_prices(
+    con: duckdb.DuckDBPyConnection, prices: PriceTable, rates: EffectiveRates | None = None
+) -> None:
+    """The EC2 hourly rates as a view ec2_prices(instance_type, usd_per_hour): each type's effective rate
+    once a bill shows one (``rates``), else the price table's on-demand price (analysis hourly_rate)."""
+    types = {p.key for p in prices.prices if p.service == "AmazonEC2" and p.unit == "hour"}
+    if rates is not None:
+        types |= set(rates.for_region(prices.region))
     rows = [
-        {"instance_type": p.key, "usd_per_hour": float(p.usd)}
-        for p in prices.prices
-        if p.service == "AmazonEC2" and p.unit == "hour"
+        {"instance_type": t, "usd_per_hour": float(rate.usd_per_hour)}
+        for t in sorted(types)
+        if (rate := hourly_rate(t, prices, rates)) is not None
     ]
     schema = pa.schema([("instance_type", pa.string()), ("usd_per_hour", pa.float64())])
     con.register("ec2_prices", pa.Table.from_pylist(rows, schema=schema))

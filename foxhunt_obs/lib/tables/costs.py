@@ -21,7 +21,6 @@ from foxhunt_obs.lib.analysis.cost_estimate import (
     file_system_hours,
     node_hours,
 )
-from foxhunt_obs.lib.analysis.effective_rates import effective_rates
 from foxhunt_obs.lib.analysis.prices import PriceTable, load_price_table
 from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake
@@ -31,6 +30,7 @@ from foxhunt_obs.lib.sources.cost_explorer import CostExplorerSource
 from foxhunt_obs.lib.sources.cur import CurSource
 from foxhunt_obs.lib.sources.fsx import FsxSource
 from foxhunt_obs.lib.tables import Built, Check, Markdown, md_table, row_count
+from foxhunt_obs.lib.tables.cost_model import bill_rates
 
 # CUR line items of one day summed per resource and tag set: the `cur` rows of costs_daily
 CUR_DAILY_SQL = """
@@ -39,14 +39,6 @@ SELECT CAST($day AS DATE) AS day, 'cur' AS source, project, environment, experim
   false AS estimated
 FROM costs_hourly WHERE day = $key
 GROUP BY ALL ORDER BY project, environment, experiment, service, resource_id
-"""
-
-# The EC2 instance-hour lines of the bill days up to one day (trailing RATE_WINDOW_DAYS): the effective rates
-# the estimate prices that day with (analysis/effective_rates.py keeps the newest bill day per type)
-RATE_WINDOW_DAYS = 7
-EC2_LINES_SQL = """
-SELECT hour, service, line_item_type, usage_type, instance_type, usage_amount, amortized_usd
-FROM costs_hourly WHERE day >= $first AND day <= $key AND service = 'AmazonEC2' AND instance_type <> ''
 """
 
 
@@ -138,11 +130,7 @@ def costs_daily(
                 )
                 for f in file_systems
             ]  # fmt: skip
-            lines = lake_con.execute(
-                EC2_LINES_SQL,
-                {"first": COSTS_DAILY.key(day - timedelta(days=RATE_WINDOW_DAYS - 1)), "key": key},
-            ).to_arrow_table()
-            rates = effective_rates(lines, until=day + timedelta(days=1))
+            rates = bill_rates(lake_con, day)
             unknown_region_lines += rates.unknown_region_lines
             estimate = estimate_day(day.date(), node_hours(lake_con, day.date()), capacities, prices, rates)
             unpriced.update(estimate.unpriced)

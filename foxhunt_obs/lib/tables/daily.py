@@ -29,6 +29,7 @@ from foxhunt_obs.lib.schemas import (
 )
 from foxhunt_obs.lib.tables import Built, Check, frame, md_table, row_count
 from foxhunt_obs.lib.tables.cost_model import (
+    bill_rates,
     build_cost_allocation,
     build_outcome_per_dollar,
     build_utilization_per_dollar,
@@ -96,7 +97,7 @@ def cost_allocation(lake: Lake, days: Sequence[datetime], prices: PriceTable) ->
     bills = {}
 
     def build(con: duckdb.DuckDBPyConnection, day: datetime) -> pa.Table:
-        register_prices(con, prices)
+        register_prices(con, prices, bill_rates(con, day))  # the rates the estimate priced the day with
         table = build_cost_allocation(con, day.date())
         key = COST_ALLOCATION.key(day)
         bills[key] = con.execute(

@@ -27,8 +27,9 @@ import pyarrow as pa
 from foxhunt_obs.lib.ingest.live_spend import LiveCostMissing, live_rate, live_spend
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.names import CLUSTER_IDLE
-from foxhunt_obs.lib.schemas import COST_ALLOCATION, SPEND_NOW
+from foxhunt_obs.lib.schemas import COST_ALLOCATION, COSTS_HOURLY, SPEND_NOW
 from foxhunt_obs.lib.tables import Built, Check, md_table
+from foxhunt_obs.lib.tables.cost_model import bill_rates
 
 RECONCILE_DAYS = 7
 MIN_WINDOW_S = 60  # the live integral's step: a window shorter than that holds no sample
@@ -138,6 +139,7 @@ def spend_now(
                 for i in instances.itertuples()
                 if math.isfinite(float(i.usd_per_hour))
             ],
+            rates=bill_rate_rows(lake, today),
             lake_daily=[
                 {
                     "day": r.day,
@@ -172,7 +174,7 @@ def spend_now(
                 "limit_pct": RECONCILE_GAP * 100,
             },
             severity="WARN",
-        )
+        ),
     ]
     view = frame.drop(columns=["as_of"]).round(2)
     summary = {
@@ -192,6 +194,25 @@ def spend_now(
         "pushed_samples": pushed,
     }
     return Built({key: table}, summary, checks)
+
+
+def bill_rate_rows(lake: Lake, today: datetime) -> list[dict]:
+    """The bill's effective $/h per region and instance type (the newest landed bill day of the last
+    week, as the estimate prices with): what the live cost rules price a node at instead of the list."""
+    con = lake.connect([COSTS_HOURLY])
+    try:
+        rates = bill_rates(con, today)
+    finally:
+        con.close()
+    return [
+        {
+            "price_region": region,
+            "instance_type": t,
+            "bill_day": r.day.isoformat(),
+            "usd_per_hour": float(r.usd_per_hour),
+        }
+        for (region, t), r in sorted(rates.rates.items())
+    ]
 
 
 def reconcile(lake: Lake, prometheus, today: datetime) -> pd.DataFrame:

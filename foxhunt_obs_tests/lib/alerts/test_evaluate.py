@@ -1,3 +1,4 @@
+import dataclasses
 import inspect
 import math
 from dataclasses import replace
@@ -231,6 +232,38 @@ def test_budget_burn_without_time_columns_and_with_actual_over_forecast():
     )
     (f,) = budget_burn(rule, frame)
     assert f.at is None and f.value == 95.0 and f.extra["basis"] == "actual"
+
+
+def test_budget_burn_projects_the_live_run_rate_before_the_bill_says_so():
+    """A stray p5 started an hour ago: in spend_now's $/h, in no forecast yet. The monthly budget's
+    projection is the bill's actual + the live $/h x the hours left in November, where that is more."""
+    rule = RULES["budget_burn"]
+    as_of = pd.Timestamp("2026-11-21T11:00:00Z")  # 229 hours left in November
+    frame = pd.concat(
+        [
+            budgets([(date(2026, 11, 21), "budgets", "monthly", 30_000.0, 12_000.0, 20_000.0, pd.Timestamp(T0))]),
+            pd.DataFrame(
+                [
+                    (as_of, "ppo", "cluster", 60.0, 900.0, 1_000.0),
+                    (as_of, "ppo", "untracked", 55.04, 55.04, 12_659.2),
+                    (as_of, "(cluster idle)", "cluster", 22.0, 400.0, 5_000.0),
+                ],
+                columns=["as_of", "experiment", "spend_source", "usd_per_hour", "month_usd", "run_rate_usd"],
+            ).assign(source="spend_now"),
+        ],
+        ignore_index=True,
+    )
+    (f,) = budget_burn(rule, frame)  # forecast 20,000 = 67 %; 12,000 + 137.04 x 229 = 43,382 = 145 %
+    assert f.extra["basis"] == "actual+run rate"
+    assert f.value == pytest.approx(12_000 + 137.04 * 229)
+    without = frame[frame["source"] != "spend_now"]
+    assert budget_burn(rule, without) == []
+    # per-experiment budgets price spend_now's run rate; an experiment under its limit stays silent
+    limited = dataclasses.replace(rule, budgets={"ppo": 15_000.0, "(cluster idle)": 10_000.0})
+    found = {x.labels["budget_name"]: x for x in budget_burn(limited, frame)}
+    assert set(found) == {"monthly", "ppo (experiment)"}
+    assert found["ppo (experiment)"].value == pytest.approx(13_659.2)
+    assert found["ppo (experiment)"].extra["pct"] == pytest.approx(13_659.2 / 150)
 
 
 def daily(costs: dict, last: date) -> pd.DataFrame:

@@ -221,3 +221,29 @@ def test_the_sandbox_bill_is_on_demand_so_effective_equals_list():
     without = estimate_day(date(2026, 11, 22), nodes, [], prices)
     assert with_bill.table.equals(without.table)
     assert set(with_bill.basis.values()) == {"effective"} and set(without.basis.values()) == {"list"}
+
+
+def test_the_cost_allocation_prices_node_hours_at_the_rates_the_estimate_used(us_east_2, tmp_path):
+    """cost_allocation's ec2_prices view (before a day's own bill is in) holds the same rates the estimate
+    priced the day with: the bill's effective rate per type, else the list price, so the allocation still
+    sums to the estimate."""
+    from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.schemas import COSTS_HOURLY
+    from foxhunt_obs.lib.tables.cost_model import bill_rates, register_prices
+
+    lake = Lake(str(tmp_path / "lake"))
+    lake.write_partition(COSTS_HOURLY, COSTS_HOURLY.key(DAY), costs_hourly(BILL))
+    con = lake.connect([COSTS_HOURLY])
+    try:
+        register_prices(con, us_east_2, bill_rates(con, DAY + timedelta(days=1)))
+        view = dict(con.execute("SELECT instance_type, usd_per_hour FROM ec2_prices").fetchall())
+        assert view == pytest.approx(
+            {"p5.48xlarge": 38.528, "p4d.24xlarge": 13.17, "g5.xlarge": 1.006, "p5en.48xlarge": 53.8016,
+             "g6e.xlarge": 0.62}
+        )  # fmt: skip
+        # the day before the bill: list prices only
+        register_prices(con, us_east_2, bill_rates(con, DAY - timedelta(days=1)))
+        view = dict(con.execute("SELECT instance_type, usd_per_hour FROM ec2_prices").fetchall())
+        assert view == pytest.approx({"p5.48xlarge": 55.04, "p4d.24xlarge": 21.95764, "g5.xlarge": 1.006})
+    finally:
+        con.close()

@@ -97,6 +97,21 @@ def test_pushed_values_read_back_exactly(gateway):
     assert types[UNTRACKED] == types[LAKE_COST] == types[LAKE_IDLE] == "gauge"
 
 
+def test_the_bills_effective_rates_are_pushed_for_the_live_rules(gateway):
+    from foxhunt_obs.lib.names import EFFECTIVE_PRICE_METRIC
+
+    rate = {
+        "price_region": "us-east-1",
+        "instance_type": "p4de.24xlarge",
+        "bill_day": "2026-11-20",
+        "usd_per_hour": 19.21,
+    }
+    assert push_spend(gateway.url, untracked=[], lake_daily=[], rates=[rate], timeout_s=5) == 1
+    assert pushed(gateway) == {
+        _key(EFFECTIVE_PRICE_METRIC, **{k: v for k, v in rate.items() if k != "usd_per_hour"}): 19.21
+    }
+
+
 def test_a_push_replaces_the_group_so_a_stopped_instance_disappears(gateway):
     job = "spend-replace"
     push_spend(gateway.url, untracked=[NOTEBOOK, BUILDER], lake_daily=LAKE, job=job)

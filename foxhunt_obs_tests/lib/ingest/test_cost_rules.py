@@ -221,3 +221,37 @@ def test_holders_idle_dollars_and_experiments(tmp_path):
             ),
         ],
     )
+
+
+def test_a_pushed_effective_rate_prices_the_node_before_the_list_price(tmp_path):
+    """spend_now pushes the bill's effective $/h (here a Savings Plan's 19.21 for p4de in the table's
+    region, and one for another region, which must not count): the p4de node costs that, the p5 node
+    (no effective rate) its list price."""
+    node_labels = 'kube_node_labels{{node="{}",label_node_kubernetes_io_instance_type="{}"}}'
+    effective = 'foxhunt_effective_price_usd_per_hour{{job="foxhunt_obs_spend",price_region="{}",instance_type="{}",bill_day="2026-11-20"}}'
+    series = [
+        {"series": node_labels.format("ip-1", "p4de.24xlarge"), "values": "1x10"},
+        {"series": node_labels.format("ip-2", "p5.48xlarge"), "values": "1x10"},
+        {"series": effective.format("us-east-1", "p4de.24xlarge"), "values": "19.21x10"},
+        {"series": effective.format("us-west-2", "p5.48xlarge"), "values": "1x10"},
+    ]
+    _promtool_test(
+        tmp_path,
+        series,
+        [
+            {
+                "expr": "foxhunt:node_cost:usd_per_hour",
+                "eval_time": "5m",
+                "exp_samples": [
+                    {
+                        "labels": 'foxhunt:node_cost:usd_per_hour{node="ip-1",instance_type="p4de.24xlarge"}',
+                        "value": 19.21,
+                    },
+                    {
+                        "labels": 'foxhunt:node_cost:usd_per_hour{node="ip-2",instance_type="p5.48xlarge"}',
+                        "value": float(P5),
+                    },
+                ],
+            }
+        ],
+    )

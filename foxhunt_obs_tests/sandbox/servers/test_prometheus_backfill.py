@@ -29,6 +29,7 @@ from foxhunt_obs.sandbox.writers import bills
 from foxhunt_obs.sandbox.writers.cache import COMPLETE
 
 RECORDING_RULE_COUNT = RECORDING_RULES.read_text().count("- record:")
+COST_RULE_COUNT = prometheus.COST_RULES.read_text().count("- record:")
 
 pytestmark = pytest.mark.skipif(
     not (os.path.exists(prometheus.PROMETHEUS) and os.path.exists(prometheus.PROMTOOL)),
@@ -73,10 +74,11 @@ def test_cache_is_complete_and_reused(cache, small):
     assert tsdb == tsdb_path(small, root) and tsdb.parent.name.startswith(
         f"small-{small.fingerprint()[:12]}-r"
     )
-    # blocks only: one per 2 h of samples, plus the recording rules' (one per rule per 2 h); no WAL left
+    # blocks only: one per 2 h of samples, plus the recording and cost rules' (one per rule per 2 h); no WAL
     entries = list(tsdb.iterdir())
     assert all((p / "meta.json").exists() for p in entries)
-    assert 3 < len(entries) <= 3 * (1 + RECORDING_RULE_COUNT)  # rules without input data write nothing
+    # rules without input data write nothing
+    assert 3 < len(entries) <= 3 * (1 + RECORDING_RULE_COUNT + COST_RULE_COUNT)
     assert (tsdb.parent / COMPLETE).exists()
     assert [p.name for p in root.iterdir()] == [tsdb.parent.name]  # no temp dir left behind
     t = time.monotonic()
