@@ -77,7 +77,7 @@ def alerts_replay(
     )
     lines += [f"  MISSED {e.rule} for {e.what}: {why}" for e, why in verdict.missed]
     for stray in scenario.aws.strays if scenario.aws else ():
-        lines.append("  " + stray_latency(stray, sent))
+        lines.append("  " + stray_latency(stray, scenario.aws.default_tags.get("Project", ""), sent))
     if verdict.other:
         lines.append(
             "  Also fired (no injected incident; by the scenario's design): "
@@ -99,7 +99,7 @@ def alerts_start(info: dict, week_start: datetime, day_start: datetime) -> datet
     return min([day_start, *first])
 
 
-def stray_latency(stray, sent: list) -> str:
+def stray_latency(stray, project: str, sent: list) -> str:
     """How long after a stray instance started each cost alert about it fired: untracked_spend (live,
     EC2) against cost_spike (the bill's day, the morning after)."""
 
@@ -113,7 +113,7 @@ def stray_latency(stray, sent: list) -> str:
         return f"{ticks[0]:%m-%d %H:%M} ({hours:.1f} h after it started)"
 
     live = first("untracked_spend", lambda n: n.labels.get("name") == stray.name)
-    bill = first("cost_spike", lambda n: True)
+    bill = first("cost_spike", lambda n: n.labels.get("project") == project)
     return (
         f"Stray {stray.instance_type} {stray.name} started {stray.start:%m-%d %H:%M}: untracked_spend {live}; "
         f"cost_spike {bill} (on a real bill, add CUR's 24-48 h)"

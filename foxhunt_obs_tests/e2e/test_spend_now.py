@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from foxhunt_obs.defs.resources import ClusterResource
-from foxhunt_obs.lib.alerts.collect import _spend_now
+from foxhunt_obs.lib.alerts.collect import Sources, _spend_now, collect
 from foxhunt_obs.lib.alerts.evaluate import budget_burn
 from foxhunt_obs.lib.alerts.rules import load_rules
 from foxhunt_obs.lib.analysis.prices import load_price_table
@@ -24,7 +24,7 @@ from foxhunt_obs.lib.ingest.untracked import UntrackedSpend
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.names import CLUSTER_IDLE
 from foxhunt_obs.lib.schemas import COSTS_DAILY, COSTS_HOURLY, SPEND_NOW
-from foxhunt_obs.lib.sources.ec2 import Ec2Instance
+from foxhunt_obs.lib.sources.ec2 import Ec2Error, Ec2Instance
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 from foxhunt_obs.lib.tables import daily, gpu, spend
 from foxhunt_obs.sandbox.servers.pushgateway import PushgatewayServer
@@ -71,7 +71,9 @@ def setting(small, prometheus, tmp_path_factory):
 def at_five(setting):
     small, client, lake, _, gateway = setting
     now = small.start + timedelta(hours=5)
-    built = spend.spend_now(lake, client, UntrackedSpend(Inventory(small.start), client), now, gateway.url, push_spend)
+    built = spend.spend_now(
+        lake, client, UntrackedSpend(Inventory(small.start), client), now, gateway.url, push_spend
+    )
     return now, built
 
 
@@ -114,7 +116,9 @@ def test_untracked_instances_are_priced_from_their_launch_and_pushed(setting, at
     assert p5.run_rate_usd == pytest.approx(55.04 * (3 + 50 / 60 + 355))
     assert built.summary["untracked_instances"] == 2 and built.summary["untracked_unpriced"] == 1
     stored = lake.read_partition(SPEND_NOW, "2026-11-16").to_pandas()
-    assert len(stored) == len(rows) and stored["run_rate_usd"].sum() == pytest.approx(rows["run_rate_usd"].sum())
+    assert len(stored) == len(rows) and stored["run_rate_usd"].sum() == pytest.approx(
+        rows["run_rate_usd"].sum()
+    )
     text = gateway.metrics_text()
     (line,) = [x for x in text.splitlines() if x.startswith("foxhunt_untracked_instance_cost_usd_per_hour{")]
     assert f'instance_id="{P5}"' in line and float(line.rsplit(" ", 1)[1]) == 55.04
@@ -129,7 +133,9 @@ def test_the_next_day_reconciles_the_complete_day(setting):
     live, batch = table["live_usd"].sum(), table["batch_usd"].sum()
     assert batch == pytest.approx(allocation["allocated_usd"].sum() + allocation["unallocated_usd"].sum())
     assert abs(live - batch) / batch < 0.02
-    print(f"reconciliation 2026-11-16: live ${live:.2f} vs cost_allocation ${batch:.2f} ({(live - batch) / batch:+.3%})")
+    print(
+        f"reconciliation 2026-11-16: live ${live:.2f} vs cost_allocation ${batch:.2f} ({(live - batch) / batch:+.3%})"
+    )
 
 
 def test_budget_burn_warns_on_an_experiments_run_rate(setting, at_five, tmp_path):
@@ -148,3 +154,32 @@ def test_budget_burn_warns_on_an_experiments_run_rate(setting, at_five, tmp_path
     assert finding.value == pytest.approx(projected) and finding.extra["basis"] == "spend_now run rate"
     # older than 2 hours, a refresh is no run rate
     assert _spend_now(lake, now + timedelta(hours=2, minutes=1), SPEND_NOW).empty
+
+
+class Unlistable:
+    """EC2 access denied: spend_now keeps the cluster's figures and says what is missing."""
+
+    def frame(self, now):
+        raise Ec2Error("EC2 us-east-1: describe_instances (states pending, running) failed: AccessDenied")
+
+
+def test_without_ec2_access_the_cluster_figures_stand(setting):
+    small, client, lake, _, _ = setting
+    built = spend.spend_now(lake, client, Unlistable(), small.start + timedelta(hours=5, minutes=30))
+    rows = built.frame()
+    assert set(rows["source"]) == {"cluster"} and rows["today_usd"].sum() > 0
+    listed = next(c for c in built.checks if c.name == "untracked_listed")
+    assert not listed.passed and "AccessDenied" in listed.metadata["error"]
+
+
+def test_live_budgets_without_a_fresh_spend_now_are_said_not_resolved(setting, at_five, tmp_path):
+    small, _, lake, _, _ = setting
+    overrides = tmp_path / "rules.yaml"
+    overrides.write_text("rules: {budget_burn: {budgets: {ppo-humanoid: 1}}}\n")
+    rules = [r for r in load_rules(overrides=overrides) if r.id == "budget_burn"]
+    stale = collect(rules, Sources(lake=lake), small.start + timedelta(hours=9))
+    assert "budget_burn" not in stale.evaluated  # its alerts keep their state
+    assert "spend_now has no refresh" in stale.errors["lake (budget_burn)"]
+    fresh = collect(rules, Sources(lake=lake), small.start + timedelta(hours=5, minutes=31))
+    assert "budget_burn" in fresh.evaluated and not fresh.errors
+    assert [f.labels["budget_name"] for f in fresh.findings] == ["ppo-humanoid (experiment)"]

@@ -122,7 +122,12 @@ def budgets(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResou
             "live_matches_lake",
             asset="spend_now",
             description="a warning when a complete day's live $ differs from cost_allocation's by more than 2 %",
-        )
+        ),
+        dg.AssetCheckSpec(
+            "untracked_listed",
+            asset="spend_now",
+            description="a warning when the EC2 instances outside the cluster could not be listed (EC2 access, kube_node_info)",
+        ),
     ],
     description=(
         "Live spend per experiment: $/h now, today so far, the month so far and its run rate, from the "

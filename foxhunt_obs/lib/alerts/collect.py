@@ -95,6 +95,7 @@ def collect(
         else:
             out.evaluated |= part.evaluated
             out.findings += part.findings
+            out.errors.update(part.errors)  # a rule of the source that could not be evaluated
     return out
 
 
@@ -237,5 +238,14 @@ def _lake_rules(rules: list[Rule], sources: Sources, now: datetime, out: Evaluat
     for rule in rules:
         if rule.id not in frames:
             continue
-        out.findings += _call(rule, frames[rule.id](), now)
+        frame = frames[rule.id]()
+        live = "source" in frame and bool((frame["source"] == "spend_now").any())
+        if rule.id == "budget_burn" and rule.budgets and not live:
+            # live budgets without a live figure: said every tick, and their alerts keep their state
+            out.errors[f"lake ({rule.id})"] = (
+                f"live budgets {sorted(rule.budgets)} not evaluated: spend_now has no refresh in the "
+                f"{SPEND_NOW_MAX_AGE} before {now:%Y-%m-%dT%H:%M}Z (turn spend_now_schedule on)"
+            )
+            continue
+        out.findings += _call(rule, frame, now)
         out.evaluated.add(rule.id)

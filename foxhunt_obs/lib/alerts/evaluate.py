@@ -35,6 +35,7 @@ FSX_FREE_STATISTIC = "Minimum"  # the fullest OST
 BUDGETS_SOURCE = "budgets"  # AWS Budgets: forecast_usd is the whole period's forecast (ForecastedSpend)
 CE_FORECAST_SOURCE = "ce_forecast"  # Cost Explorer: forecast_usd covers [today, end of period) only
 SPEND_SOURCE = "spend_now"  # spend_now rows beside the budgets: usd_per_hour, month_usd, run_rate_usd, as_of
+ALL_SPEND = "(all)"  # a live budget's name for everything spend_now sees: the cluster and untracked instances
 
 
 @dataclass(frozen=True)
@@ -271,18 +272,13 @@ def _projected(row: Mapping[str, Any]) -> tuple[float | None, str]:
     return actual, "actual"
 
 
-def _hours_left(as_of: datetime) -> float:
-    days = pd.Timestamp(as_of).days_in_month
-    end = datetime(as_of.year, as_of.month, 1, tzinfo=timezone.utc) + timedelta(days=days)
-    return max(0.0, (end - as_of).total_seconds() / 3600)
-
-
-def _experiment_budgets(rule: Rule, spend: pd.DataFrame, burn: float) -> list[Finding]:
-    """The rule's per-experiment budgets against spend_now's run rate (the lake's allocated $ so far + $/h
-    now x the hours left), cluster and untracked instances together."""
+def _live_budgets(rule: Rule, spend: pd.DataFrame, burn: float) -> list[Finding]:
+    """The rule's live budgets (`budgets`: experiment -> monthly limit, `(all)` for everything) against
+    spend_now's run rate (the lake's allocated $ so far + $/h now x the hours left), the cluster's and
+    the untracked instances' together."""
     out = []
     for name, limit in sorted(rule.budgets.items()):
-        mine = spend[spend["experiment"] == name]
+        mine = spend if name == ALL_SPEND else spend[spend["experiment"] == name]
         if mine.empty:
             continue
         value = float(mine["run_rate_usd"].sum())
@@ -292,7 +288,7 @@ def _experiment_budgets(rule: Rule, spend: pd.DataFrame, burn: float) -> list[Fi
         out.append(
             Finding(
                 rule=rule.id,
-                labels={"budget_name": f"{name} (experiment)"},
+                labels={"budget_name": name if name == ALL_SPEND else f"{name} (experiment)"},
                 value=value,
                 at=utc(mine["as_of"].max()),
                 extra={
@@ -313,19 +309,17 @@ def budget_burn(rule: Rule, budgets: pd.DataFrame) -> list[Finding]:
     of several rows of one budget the newest (day, then synced_at) counts. value: the projection;
     extra pct, limit_usd, actual_usd, forecast_usd, basis; at: the row's synced_at, else its day.
 
-    spend_now rows beside them (source `spend_now`) raise a monthly budget's projection to the bill's
-    actual + the live $/h x the hours left where that is more (a stray instance started an hour ago is in
-    the live $/h, not yet in any forecast), and price the rule's per-experiment `budgets`."""
+    Live budgets: spend_now rows beside them (source `spend_now`) price the rule's `budgets` on the run
+    rate, so a stray instance started an hour ago is warned about before any forecast has it. AWS Budgets
+    keep AWS's own forecast: a budget's cost filters are its scope, which the live figure cannot match."""
     burn = float(rule.thresholds["burn_pct"])
     spend = pd.DataFrame()
     if not _empty(budgets, "source") and "run_rate_usd" in budgets.columns:
         spend = budgets[budgets["source"] == SPEND_SOURCE]
         budgets = budgets[budgets["source"] != SPEND_SOURCE]
-    out = _experiment_budgets(rule, spend, burn) if not spend.empty else []
+    out = _live_budgets(rule, spend, burn) if not spend.empty else []
     if _empty(budgets, "budget_name", "limit_usd"):
         return out
-    live_rate = float(spend["usd_per_hour"].sum()) if not spend.empty else None
-    live_at = utc(spend["as_of"].max()) if not spend.empty else None
     b = budgets
     order = [c for c in ("day", "synced_at") if c in b.columns]
     if order:
@@ -335,11 +329,6 @@ def budget_burn(rule: Rule, budgets: pd.DataFrame) -> list[Finding]:
         if limit is None or pd.isna(limit) or float(limit) <= 0:
             continue
         value, basis = _projected(row)
-        actual = row.get("actual_usd")
-        if live_rate is not None and str(row.get("time_unit", "MONTHLY")) == "MONTHLY" and pd.notna(actual):
-            run_rate = float(actual) + live_rate * _hours_left(live_at)
-            if value is None or run_rate > value:
-                value, basis = run_rate, "actual+run rate"
         if value is None:
             continue
         pct = 100.0 * value / float(limit)
@@ -449,7 +438,15 @@ def untracked_spend(rule: Rule, instances: pd.DataFrame, now: datetime) -> list[
                 rule=rule.id,
                 labels={
                     k: _label(row.get(k))
-                    for k in ("region", "instance_id", "instance_type", "name", "experiment", "lifecycle")
+                    for k in (
+                        "region",
+                        "instance_id",
+                        "instance_type",
+                        "name",
+                        "experiment",
+                        "lifecycle",
+                        "cluster",
+                    )
                 },
                 value=usd,
                 at=since,

@@ -74,7 +74,7 @@ def push_spend(
     )
     lake_cost = Gauge(
         LAKE_COST,
-        "The lake's cost_allocation dollars of a complete day (UTC), per experiment.",
+        "The lake's cost_allocation dollars of a complete day (UTC) on node-hours (what the live rules price), per experiment.",
         LAKE_LABELS,
         registry=registry,
     )

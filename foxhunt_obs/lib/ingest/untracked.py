@@ -40,6 +40,7 @@ COLUMNS = (
     "lifecycle",
     "launch_time",
     "cluster_tagged",  # it carries a Kubernetes cluster's tag (a node still joining, or one that failed to)
+    "cluster",  # that cluster's name (eks:cluster-name, kubernetes.io/cluster/<name>): another cluster's node
     "usd_per_hour",  # on-demand list price; NaN: the price table has no row for it
     "price_as_of",
 )
@@ -59,11 +60,30 @@ def cluster_instance_ids(prometheus, at: datetime) -> set[str]:
             "kube_node_info series, so no instance can be told to be a cluster node (is kube-state-metrics "
             "scraped?). Disable untracked_spend in FOXHUNT_ALERT_RULES where there is no cluster"
         )
-    return {i for labels, _ in rows if (i := instance_id_of(labels.get("provider_id", "")))}
+    ids = {i for labels, _ in rows if (i := instance_id_of(labels.get("provider_id", "")))}
+    if not ids:  # nodes, but none on EC2 as far as their provider ids say: every instance would be a stray
+        seen = sorted({labels.get("provider_id", "") for labels, _ in rows})[:3]
+        raise UntrackedError(
+            f"Prometheus at {prometheus.url}: {CLUSTER_NODES} at {at:%Y-%m-%dT%H:%M:%SZ}: {len(rows)} nodes, "
+            f"none with an EC2 provider id (aws:///<zone>/i-...; seen: {seen}): their instances cannot be "
+            "told apart from strays"
+        )
+    return ids
 
 
 def cluster_tagged(instance: Ec2Instance) -> bool:
     return any(k.startswith(CLUSTER_TAG_PREFIXES) for k in instance.tags)
+
+
+def cluster_name(instance: Ec2Instance) -> str:
+    """The Kubernetes cluster an instance's tags name ('' none): a select on `cluster` can leave out the
+    nodes of another cluster in the same account."""
+    tags = instance.tags
+    for key in ("eks:cluster-name", "aws:eks:cluster-name"):
+        if tags.get(key):
+            return tags[key]
+    prefix = "kubernetes.io/cluster/"
+    return next((k[len(prefix) :] for k in sorted(tags) if k.startswith(prefix)), "")
 
 
 class UntrackedSpend:
@@ -115,6 +135,7 @@ class UntrackedSpend:
                     i.lifecycle,
                     pd.Timestamp(i.launch_time) if i.launch_time else pd.NaT,
                     cluster_tagged(i),
+                    cluster_name(i),
                     usd,
                     as_of,
                 )

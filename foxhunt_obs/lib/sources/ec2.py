@@ -55,11 +55,7 @@ def _instance(region: str, raw: Mapping[str, Any]) -> Ec2Instance:
     launch = raw.get("LaunchTime")
     if isinstance(launch, datetime) and launch.tzinfo is None:
         launch = launch.replace(tzinfo=timezone.utc)
-    lifecycle = raw.get("InstanceLifecycle") or "on-demand"
-    if (raw.get("CapacityReservationSpecification") or {}).get(
-        "CapacityReservationPreference"
-    ) == "capacity-block":
-        lifecycle = "capacity-block"
+    lifecycle = raw.get("InstanceLifecycle") or "on-demand"  # "capacity-block" comes here too
     return Ec2Instance(
         region=region,
         instance_id=raw["InstanceId"],

@@ -66,20 +66,30 @@ def _run(con: duckdb.DuckDBPyConnection, name: str, day: date, spec) -> pa.Table
     return table.select(spec.schema.names).cast(spec.schema)
 
 
-# The bill days whose EC2 instance-hour lines give a day's effective rates (the newest day per type wins)
+# The bill days whose EC2 instance-hour lines give a day's effective rates (the newest day per type wins).
+# Only the cluster's own nodes count (node_samples' instance ids): an on-demand stray of the same type
+# outside the cluster would pull a Savings Plan covered fleet's rate towards the list price.
 RATE_WINDOW_DAYS = 7
 EC2_LINES_SQL = """
 SELECT hour, service, line_item_type, usage_type, instance_type, usage_amount, amortized_usd
 FROM costs_hourly WHERE day >= $first AND day <= $key AND service = 'AmazonEC2' AND instance_type <> ''
+  AND resource_id IN (SELECT DISTINCT instance_id FROM node_samples
+                      WHERE instance_id <> '' AND ts >= $since AND ts < $until)
 """
 
 
 def bill_rates(con: duckdb.DuckDBPyConnection, day: datetime) -> EffectiveRates:
     """The effective rates (analysis/effective_rates.py) of the bills landed in the RATE_WINDOW_DAYS up to
-    ``day``: what the estimate and the cost allocation price an instance-hour at before its own bill is in.
-    Needs the view costs_hourly."""
-    first = COSTS_DAILY.key(day - timedelta(days=RATE_WINDOW_DAYS - 1))
-    lines = con.execute(EC2_LINES_SQL, {"first": first, "key": COSTS_DAILY.key(day)}).to_arrow_table()
+    ``day``, over the cluster's nodes: what the estimate and the cost allocation price an instance-hour at
+    before its own bill is in. Needs the views costs_hourly and node_samples."""
+    since = _bounds((day - timedelta(days=RATE_WINDOW_DAYS - 1)).date())["day_start"]
+    params = {
+        "first": COSTS_DAILY.key(since),
+        "key": COSTS_DAILY.key(day),
+        "since": since,
+        "until": _bounds(day.date())["day_end"],
+    }
+    lines = con.execute(EC2_LINES_SQL, params).to_arrow_table()
     return effective_rates(lines, until=day + timedelta(days=1))
 
 

@@ -25,9 +25,11 @@ import pandas as pd
 import pyarrow as pa
 
 from foxhunt_obs.lib.ingest.live_spend import LiveCostMissing, live_rate, live_spend
+from foxhunt_obs.lib.ingest.untracked import UntrackedError
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.names import CLUSTER_IDLE
-from foxhunt_obs.lib.schemas import COST_ALLOCATION, COSTS_HOURLY, SPEND_NOW
+from foxhunt_obs.lib.schemas import COST_ALLOCATION, COSTS_HOURLY, NODE_SAMPLES, SPEND_NOW
+from foxhunt_obs.lib.sources.ec2 import Ec2Error
 from foxhunt_obs.lib.tables import Built, Check, md_table
 from foxhunt_obs.lib.tables.cost_model import bill_rates
 
@@ -109,7 +111,12 @@ def spend_now(
         rate = rates.get(e, 0.0)
         rows.append((now, e, "cluster", rate, today_usd.get(e, 0.0), so_far, so_far + rate * left_h))
 
-    instances = untracked.frame(now) if untracked is not None else pd.DataFrame()
+    instances, untracked_error = pd.DataFrame(), ""
+    if untracked is not None:
+        try:
+            instances = untracked.frame(now)
+        except (Ec2Error, UntrackedError) as e:  # the cluster's figures stand; the check says what is missing
+            untracked_error = str(e)
     for i in instances.itertuples():
         usd = float(i.usd_per_hour)
         if not math.isfinite(usd):
@@ -152,12 +159,10 @@ def spend_now(
         )
     frame = table.to_pandas()
     totals = frame[["usd_per_hour", "today_usd", "month_usd", "run_rate_usd"]].sum()
-    worst = reconciliation.groupby("day")[["live_usd", "batch_usd"]].sum() if len(reconciliation) else None
-    gaps = (
-        ((worst["live_usd"] - worst["batch_usd"]) / worst["batch_usd"]).abs()
-        if worst is not None
-        else pd.Series()
-    )
+    # per day: the live total against the batch's (NaN where the live rules did not record the day)
+    days = reconciliation.groupby("day")[["live_usd", "batch_usd"]].sum(min_count=1)
+    gaps = ((days["live_usd"] - days["batch_usd"]) / days["batch_usd"]).abs()
+    unrecorded = sorted(days.index[days["live_usd"].isna()])
     checks = [
         Check(
             "month_complete",
@@ -167,12 +172,19 @@ def spend_now(
         ),
         Check(
             "live_matches_lake",
-            bool((gaps <= RECONCILE_GAP).all()),
+            bool((gaps.dropna() <= RECONCILE_GAP).all()) and not unrecorded,
             {
                 "days": len(gaps),
-                "largest_gap_pct": round(float(gaps.max()) * 100, 3) if len(gaps) else 0.0,
+                "largest_gap_pct": round(float(gaps.max()) * 100, 3) if gaps.notna().any() else 0.0,
                 "limit_pct": RECONCILE_GAP * 100,
+                "days_without_live": ", ".join(unrecorded) or "none",
             },
+            severity="WARN",
+        ),
+        Check(
+            "untracked_listed",
+            not untracked_error,
+            {"error": untracked_error or "none", "instances": int(len(instances))},
             severity="WARN",
         ),
     ]
@@ -199,7 +211,7 @@ def spend_now(
 def bill_rate_rows(lake: Lake, today: datetime) -> list[dict]:
     """The bill's effective $/h per region and instance type (the newest landed bill day of the last
     week, as the estimate prices with): what the live cost rules price a node at instead of the list."""
-    con = lake.connect([COSTS_HOURLY])
+    con = lake.connect([COSTS_HOURLY, NODE_SAMPLES])
     try:
         rates = bill_rates(con, today)
     finally:
@@ -222,7 +234,10 @@ def reconcile(lake: Lake, prometheus, today: datetime) -> pd.DataFrame:
     out = []
     for day, g in batch.groupby("day", sort=True):
         start = datetime.combine(pd.Timestamp(day).date(), datetime.min.time(), timezone.utc)
-        live = live_spend(prometheus, start, start + timedelta(days=1))
+        try:
+            live = live_spend(prometheus, start, start + timedelta(days=1))
+        except LiveCostMissing:  # the live rules did not record that day: unknown, not $0
+            live = dict.fromkeys(g["experiment"], math.nan)
         for e in sorted(set(g["experiment"]) | set(live)):
             row = g[g["experiment"] == e]
             out.append(
@@ -233,7 +248,7 @@ def reconcile(lake: Lake, prometheus, today: datetime) -> pd.DataFrame:
                     "batch_idle_usd": float(row["idle_usd"].sum())
                     if len(row) and row["idle_usd"].notna().any()
                     else None,
-                    "live_usd": live.get(e, 0.0),
+                    "live_usd": live.get(e, math.nan if math.isnan(sum(live.values())) else 0.0),
                 }
             )
     return pd.DataFrame(out, columns=["day", "experiment", "batch_usd", "batch_idle_usd", "live_usd"])

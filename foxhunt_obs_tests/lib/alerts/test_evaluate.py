@@ -47,7 +47,10 @@ def test_registry_covers_the_rules_without_promql_and_fits_the_caller():
     assert set(EVALUATORS) == {r.id for r in RULES.values() if r.promql is None}
     # collect.py passes `now` to an evaluator with three parameters, else (rule, frame)
     arity = {rid: len(inspect.signature(fn).parameters) for rid, fn in EVALUATORS.items()}
-    assert arity == {rid: 3 if rid in ("fsx_low_space", "training_run_silent", "untracked_spend") else 2 for rid in EVALUATORS}
+    assert arity == {
+        rid: 3 if rid in ("fsx_low_space", "training_run_silent", "untracked_spend") else 2
+        for rid in EVALUATORS
+    }
 
 
 # -- mlflow ------------------------------------------------------------------------------------------
@@ -234,14 +237,17 @@ def test_budget_burn_without_time_columns_and_with_actual_over_forecast():
     assert f.at is None and f.value == 95.0 and f.extra["basis"] == "actual"
 
 
-def test_budget_burn_projects_the_live_run_rate_before_the_bill_says_so():
-    """A stray p5 started an hour ago: in spend_now's $/h, in no forecast yet. The monthly budget's
-    projection is the bill's actual + the live $/h x the hours left in November, where that is more."""
+def test_budget_burn_warns_on_the_live_run_rate_before_the_bill_says_so():
+    """A stray p5 started an hour ago: in spend_now's $/h, in no forecast yet. Live budgets (`budgets`:
+    an experiment, or (all)) project spend_now's run rate; AWS's budget keeps AWS's own forecast (its
+    cost filters are a scope the live figure cannot match)."""
     rule = RULES["budget_burn"]
-    as_of = pd.Timestamp("2026-11-21T11:00:00Z")  # 229 hours left in November
+    as_of = pd.Timestamp("2026-11-21T11:00:00Z")
     frame = pd.concat(
         [
-            budgets([(date(2026, 11, 21), "budgets", "monthly", 30_000.0, 12_000.0, 20_000.0, pd.Timestamp(T0))]),
+            budgets(
+                [(date(2026, 11, 21), "budgets", "monthly", 30_000.0, 12_000.0, 20_000.0, pd.Timestamp(T0))]
+            ),
             pd.DataFrame(
                 [
                     (as_of, "ppo", "cluster", 60.0, 900.0, 1_000.0),
@@ -253,17 +259,17 @@ def test_budget_burn_projects_the_live_run_rate_before_the_bill_says_so():
         ],
         ignore_index=True,
     )
-    (f,) = budget_burn(rule, frame)  # forecast 20,000 = 67 %; 12,000 + 137.04 x 229 = 43,382 = 145 %
-    assert f.extra["basis"] == "actual+run rate"
-    assert f.value == pytest.approx(12_000 + 137.04 * 229)
-    without = frame[frame["source"] != "spend_now"]
-    assert budget_burn(rule, without) == []
-    # per-experiment budgets price spend_now's run rate; an experiment under its limit stays silent
-    limited = dataclasses.replace(rule, budgets={"ppo": 15_000.0, "(cluster idle)": 10_000.0})
+    assert budget_burn(rule, frame) == []  # no live budget configured; AWS's forecast: 67 %
+    limited = dataclasses.replace(
+        rule, budgets={"ppo": 15_000.0, "(cluster idle)": 10_000.0, "(all)": 20_000.0}
+    )
     found = {x.labels["budget_name"]: x for x in budget_burn(limited, frame)}
-    assert set(found) == {"monthly", "ppo (experiment)"}
-    assert found["ppo (experiment)"].value == pytest.approx(13_659.2)
-    assert found["ppo (experiment)"].extra["pct"] == pytest.approx(13_659.2 / 150)
+    assert set(found) == {"ppo (experiment)", "(all)"}  # (cluster idle): 50 %, silent
+    ppo = found["ppo (experiment)"]
+    assert ppo.value == pytest.approx(13_659.2) and ppo.extra["pct"] == pytest.approx(13_659.2 / 150)
+    assert ppo.extra["basis"] == "spend_now run rate" and ppo.extra["actual_usd"] == pytest.approx(955.04)
+    assert found["(all)"].value == pytest.approx(18_659.2)  # 93 % of 20,000
+    assert found["(all)"].at == as_of
 
 
 def daily(costs: dict, last: date) -> pd.DataFrame:

@@ -228,12 +228,24 @@ def test_the_cost_allocation_prices_node_hours_at_the_rates_the_estimate_used(us
     priced the day with: the bill's effective rate per type, else the list price, so the allocation still
     sums to the estimate."""
     from foxhunt_obs.lib.lake import Lake
-    from foxhunt_obs.lib.schemas import COSTS_HOURLY
+    from foxhunt_obs.lib.schemas import COSTS_HOURLY, NODE_SAMPLES
     from foxhunt_obs.lib.tables.cost_model import bill_rates, register_prices
 
     lake = Lake(str(tmp_path / "lake"))
-    lake.write_partition(COSTS_HOURLY, COSTS_HOURLY.key(DAY), costs_hourly(BILL))
-    con = lake.connect([COSTS_HOURLY])
+    # an on-demand p5 outside the cluster (no node_samples row): it must not pull the nodes' SP rate up
+    stray = cur_line(
+        6, "Usage", "USE2-BoxUsage:p5.48xlarge", "p5.48xlarge", 55.04, line_item_resource_id="i-stray"
+    )
+    lake.write_partition(COSTS_HOURLY, COSTS_HOURLY.key(DAY), costs_hourly(BILL + [stray]))
+    nodes = sorted({line["line_item_resource_id"] for line in BILL})
+    rows = [
+        {"ts": DAY, "node": f"ip-{i}", "instance_id": iid, "step_seconds": 15.0}
+        for i, iid in enumerate(nodes)
+    ]
+    lake.write_partition(
+        NODE_SAMPLES, NODE_SAMPLES.key(DAY), pa.Table.from_pylist(rows, schema=NODE_SAMPLES.schema)
+    )
+    con = lake.connect([COSTS_HOURLY, NODE_SAMPLES])
     try:
         register_prices(con, us_east_2, bill_rates(con, DAY + timedelta(days=1)))
         view = dict(con.execute("SELECT instance_type, usd_per_hour FROM ec2_prices").fetchall())

@@ -55,6 +55,37 @@ def test_cluster_instance_ids_read_from_a_real_prometheus(eks_prometheus):
         cluster_instance_ids(eks_prometheus, NOW + timedelta(minutes=16))
 
 
+def test_nodes_without_an_ec2_provider_id_are_an_error(tmp_path):
+    """kube-state-metrics' own test line (provider_id="provider://i-uniqueid", fixtures/real): nodes, but
+    no EC2 instance id among them; every instance would look like a stray, so nothing is judged."""
+    (line,) = [
+        x for x in (REAL / "kube_state_metrics.prom").read_text().splitlines()
+        if x.startswith("kube_node_info{") and 'provider_id="provider://i-uniqueid"' in x
+    ][:1]  # fmt: skip
+    start = int((NOW - timedelta(minutes=5)).timestamp())
+    body = "# TYPE kube_node_info gauge\n" + "".join(
+        f"{line} {t}\n" for t in range(start, int(NOW.timestamp()) + 1, 60)
+    )
+    (tmp_path / "om.txt").write_text(body + "# EOF\n")
+    subprocess.run(
+        [
+            PROMTOOL,
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            str(tmp_path / "om.txt"),
+            str(tmp_path / "tsdb"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    with PrometheusServer(tmp_path / "tsdb", workdir=tmp_path) as server:
+        with pytest.raises(
+            UntrackedError, match=r"1 nodes, none with an EC2 provider id.*provider://i-uniqueid"
+        ):
+            cluster_instance_ids(PrometheusClient(server.url), NOW)
+
+
 def instance(iid, itype, region="us-east-1", **tags):
     return Ec2Instance(
         region, iid, itype, "running", NOW - timedelta(hours=2), "on-demand", f"{region}a", tags
@@ -79,6 +110,8 @@ def test_frame_keeps_instances_outside_the_cluster_priced_by_region(eks_promethe
                 instance("i-0aaaaaaaaaaaaaaa1", "p5.48xlarge", Name="bench", Experiment="ppo"),
                 instance("i-0aaaaaaaaaaaaaaa2", "g4dn.xlarge"),  # the table has no g4dn row
                 instance("i-0aaaaaaaaaaaaaaa3", "p5.48xlarge", region="mars-north-1"),  # no such table
+                # another EKS cluster's node in the same account: listed, with its cluster named
+                instance("i-0aaaaaaaaaaaaaaa4", "g5.xlarge", **{"eks:cluster-name": "other", "Name": "n"}),
             ]
         ),
         eks_prometheus,
@@ -86,7 +119,14 @@ def test_frame_keeps_instances_outside_the_cluster_priced_by_region(eks_promethe
     frame = spend.frame(NOW)
     assert list(frame.columns) == list(COLUMNS)
     rows = {r.instance_id: r for r in frame.itertuples()}
-    assert set(rows) == {"i-0aaaaaaaaaaaaaaa1", "i-0aaaaaaaaaaaaaaa2", "i-0aaaaaaaaaaaaaaa3"}
+    assert set(rows) == {
+        "i-0aaaaaaaaaaaaaaa1",
+        "i-0aaaaaaaaaaaaaaa2",
+        "i-0aaaaaaaaaaaaaaa3",
+        "i-0aaaaaaaaaaaaaaa4",
+    }
+    assert rows["i-0aaaaaaaaaaaaaaa4"].cluster == "other" and rows["i-0aaaaaaaaaaaaaaa4"].cluster_tagged
+    assert rows["i-0aaaaaaaaaaaaaaa1"].cluster == "" and not rows["i-0aaaaaaaaaaaaaaa1"].cluster_tagged
     assert (
         rows["i-0aaaaaaaaaaaaaaa1"].usd_per_hour == 55.04 and rows["i-0aaaaaaaaaaaaaaa1"].experiment == "ppo"
     )
