@@ -1,5 +1,7 @@
 """A real Prometheus backfilled with the `small` sandbox scenario, shared by the end-to-end tests."""
 
+from datetime import timedelta
+
 import pytest
 
 from foxhunt_obs.sandbox.servers.mlflow_server import build_store
@@ -41,3 +43,33 @@ def own_prometheus(small_tsdb, tmp_path):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def small_priced_lake(small, prometheus, tmp_path_factory):
+    """(lake, the day's cost_allocation as a frame): the small scenario's one UTC day built from the real
+    Prometheus by the functions the assets call, priced on the price table (empty bill tables: the
+    estimate the live cost rules stand in for)."""
+    import pyarrow as pa
+
+    from foxhunt_obs.defs.resources import ClusterResource
+    from foxhunt_obs.lib.analysis.prices import load_price_table
+    from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
+    from foxhunt_obs.lib.lake import Lake
+    from foxhunt_obs.lib.schemas import COSTS_DAILY, COSTS_HOURLY
+    from foxhunt_obs.lib.sources.prometheus import PrometheusClient
+    from foxhunt_obs.lib.tables import daily, gpu
+
+    client = PrometheusClient(prometheus.url)
+    lake = Lake(str(tmp_path_factory.mktemp("priced-lake")))
+    day = small.start.replace(hour=0, minute=0, second=0, microsecond=0)
+    assert (small.end - timedelta(seconds=1)).date() == day.date(), "the scenario is one UTC day"
+    hours = [small.start + timedelta(hours=h) for h in range(small.hours)]
+    catalog, settings = load_catalog(), ClusterResource().settings()
+    gpu.gpu_samples(lake, client, catalog, settings, hours)
+    gpu.node_samples(lake, client, catalog, settings, hours)
+    daily.gpu_hourly(lake, [day])
+    for spec in (COSTS_HOURLY, COSTS_DAILY):
+        lake.write_partition(spec, spec.key(day), spec.schema.empty_table())
+    built = daily.cost_allocation(lake, [day], load_price_table("us-east-1"))
+    return lake, pa.concat_tables(built.partitions.values()).to_pandas()

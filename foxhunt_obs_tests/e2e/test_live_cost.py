@@ -11,15 +11,10 @@ from datetime import datetime, timedelta
 import pandas as pd
 import pytest
 
-from foxhunt_obs.defs.resources import ClusterResource
 from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.ingest.live_spend import live_idle_spend, live_rate, live_spend
-from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
-from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.names import CLUSTER_IDLE
-from foxhunt_obs.lib.schemas import COSTS_DAILY, COSTS_HOURLY
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-from foxhunt_obs.lib.tables import daily, gpu
 from foxhunt_obs.sandbox.story import truth
 
 pytestmark = pytest.mark.timeout(600)
@@ -37,21 +32,9 @@ def client(prometheus):
 
 
 @pytest.fixture(scope="module")
-def allocation(small, client, tmp_path_factory) -> pd.DataFrame:
+def allocation(small_priced_lake) -> pd.DataFrame:
     """The scenario's day of cost_allocation, on the price table (the estimate: empty bill tables)."""
-    lake = Lake(str(tmp_path_factory.mktemp("live-cost-lake")))
-    hours = [small.start + timedelta(hours=h) for h in range(small.hours)]
-    day = _midnight(small.start)
-    assert _midnight(small.end - timedelta(seconds=1)) == day, "the scenario is one UTC day"
-    catalog, settings = load_catalog(), ClusterResource().settings()
-    gpu.gpu_samples(lake, client, catalog, settings, hours)
-    gpu.node_samples(lake, client, catalog, settings, hours)
-    daily.gpu_hourly(lake, [day])
-    for spec in (COSTS_HOURLY, COSTS_DAILY):
-        lake.write_partition(spec, spec.key(day), spec.schema.empty_table())
-    built = daily.cost_allocation(lake, [day], load_price_table("us-east-1"))
-    (table,) = built.partitions.values()
-    return table.to_pandas()
+    return small_priced_lake[1]
 
 
 def _batch(allocation: pd.DataFrame) -> tuple[dict[str, float], dict[str, float]]:

@@ -12,21 +12,17 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from foxhunt_obs.defs.resources import ClusterResource
 from foxhunt_obs.lib.alerts.collect import Sources, _spend_now, collect
 from foxhunt_obs.lib.alerts.evaluate import budget_burn
 from foxhunt_obs.lib.alerts.rules import load_rules
-from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.delivery.pushgateway import push_spend
 from foxhunt_obs.lib.ingest.live_spend import live_rate
-from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
 from foxhunt_obs.lib.ingest.untracked import UntrackedSpend
-from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.names import CLUSTER_IDLE
-from foxhunt_obs.lib.schemas import COSTS_DAILY, COSTS_HOURLY, SPEND_NOW
+from foxhunt_obs.lib.schemas import SPEND_NOW
 from foxhunt_obs.lib.sources.ec2 import Ec2Error, Ec2Instance
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-from foxhunt_obs.lib.tables import daily, gpu, spend
+from foxhunt_obs.lib.tables import spend
 from foxhunt_obs.sandbox.servers.pushgateway import PushgatewayServer
 
 pytestmark = pytest.mark.timeout(600)
@@ -51,20 +47,10 @@ class Inventory:
 
 
 @pytest.fixture(scope="module")
-def setting(small, prometheus, tmp_path_factory):
-    client = PrometheusClient(prometheus.url)
-    lake = Lake(str(tmp_path_factory.mktemp("spend-lake")))
-    day = small.start.replace(hour=0)
-    hours = [small.start + timedelta(hours=h) for h in range(small.hours)]
-    catalog, settings = load_catalog(), ClusterResource().settings()
-    gpu.gpu_samples(lake, client, catalog, settings, hours)
-    gpu.node_samples(lake, client, catalog, settings, hours)
-    daily.gpu_hourly(lake, [day])
-    for spec in (COSTS_HOURLY, COSTS_DAILY):
-        lake.write_partition(spec, spec.key(day), spec.schema.empty_table())
-    (allocation,) = daily.cost_allocation(lake, [day], load_price_table("us-east-1")).partitions.values()
+def setting(small, prometheus, small_priced_lake, tmp_path_factory):
+    lake, allocation = small_priced_lake
     with PushgatewayServer(workdir=tmp_path_factory.mktemp("gateway")) as gateway:
-        yield small, client, lake, allocation.to_pandas(), gateway
+        yield small, PrometheusClient(prometheus.url), lake, allocation, gateway
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ import pandas as pd
 from foxhunt_obs.lib.alerts.rules import Rule
 from foxhunt_obs.lib.analysis import anomaly
 from foxhunt_obs.lib.analysis.training_health import mlflow_key
+from foxhunt_obs.lib.ingest import untracked
 
 FSX_FREE_METRIC = "FreeDataStorageCapacity"
 FSX_FREE_STATISTIC = "Minimum"  # the fullest OST
@@ -436,18 +437,7 @@ def untracked_spend(rule: Rule, instances: pd.DataFrame, now: datetime) -> list[
         out.append(
             Finding(
                 rule=rule.id,
-                labels={
-                    k: _label(row.get(k))
-                    for k in (
-                        "region",
-                        "instance_id",
-                        "instance_type",
-                        "name",
-                        "experiment",
-                        "lifecycle",
-                        "cluster",
-                    )
-                },
+                labels={k: _label(row.get(k)) for k in untracked.LABELS},
                 value=usd,
                 at=since,
                 extra={

@@ -31,6 +31,8 @@ CLUSTER_TAG_PREFIXES = (
     "karpenter.sh/nodepool",
     "aws:eks:cluster-name",
 )
+# what identifies and describes an instance (an untracked_spend alert's labels)
+LABELS = ("region", "instance_id", "instance_type", "name", "experiment", "lifecycle", "cluster")
 COLUMNS = (
     "region",
     "instance_id",
