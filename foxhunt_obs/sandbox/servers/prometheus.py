@@ -164,6 +164,8 @@ def _backfill_rules(scenario: Scenario, tsdb: Path, work: Path, levels: list[dic
     TSDB (holding the levels before it), its blocks moved into the TSDB."""
     # promtool offsets a group's evaluations by a hash of its name and file: the file is given by a
     # relative name, the same in every build, so every build records the same timestamps and values
+    # promtool runs in `work` (cwd): the output directory must not be relative to where we are
+    work = Path(work).resolve()
     out, rules_file = work / "rule-blocks", work / "rules-backfill.yaml"
     for doc in levels:
         rules_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 20))

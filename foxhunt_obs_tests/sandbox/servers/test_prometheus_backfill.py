@@ -10,6 +10,7 @@ import time
 import urllib.parse
 import urllib.request
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -46,8 +47,16 @@ def small():
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory, small):
+    """Built under a relative cache root, as `make demo` builds it (.foxhunt/sandbox/cache): promtool
+    runs in a directory of its own, and a relative output path once sent its blocks astray."""
     root = tmp_path_factory.mktemp("cache")
-    return root, build_tsdb(small, root)
+    here = os.getcwd()
+    os.chdir(root.parent)
+    try:
+        tsdb = build_tsdb(small, Path(root.name))
+    finally:
+        os.chdir(here)
+    return root, root / tsdb.relative_to(root.name)
 
 
 @pytest.fixture(scope="module")
