@@ -1,7 +1,7 @@
 """`foxhunt-obs`: the sandbox, job runs over partition ranges, summaries, and the demo.
 
 One module per command family: sandbox.py (the local stack), jobs.py (Dagster runs, rules export),
-summaries.py (plain-text tables from the lake), demo.py (all of it end to end, then the alert replay).
+summaries.py (plain-text tables from the lake), lake.py (the Athena DDL), demo.py (all of it end to end, then the alert replay).
 Settings are read here and nowhere else outside the resources: config.py builds them from the environment.
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from foxhunt_obs.cli.demo import run_demo
 from foxhunt_obs.cli.jobs import export_rules, run_job
+from foxhunt_obs.cli.lake import lake_ddl
 from foxhunt_obs.cli.sandbox import DEFAULT_PORT, MLFLOW_PORT, MOTO_PORT, STATE_DIR, sandbox
 from foxhunt_obs.cli.summaries import summary
 
@@ -43,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     rules.add_argument("action", choices=["export"])
     rules.add_argument("--out", type=Path, default=Path("deploy/prometheus"))
 
+    lk = sub.add_parser("lake", help="the lake on S3 as Glue/Athena tables: CREATE EXTERNAL TABLE statements")
+    lk.add_argument("action", choices=["ddl"])
+    lk.add_argument("--location", help="lake root, s3://bucket/prefix (default: FOXHUNT_LAKE)")
+    lk.add_argument("--database", default="foxhunt", help="Glue database (default: foxhunt)")
+    lk.add_argument("--out", type=Path, help="file to write (default: standard output)")
+
     demo = sub.add_parser(
         "demo", help="sandbox up, ingest its last 24 hours through Dagster, print a summary"
     )
@@ -63,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in export_rules(args.out):
             print(f"wrote {path}")
         return 0
+    if args.cmd == "lake":
+        return lake_ddl(args.location, args.database, args.out)
     if args.cmd == "summary":
         print(summary(_hour(args.start), _hour(args.end)))
         return 0

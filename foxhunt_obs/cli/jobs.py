@@ -47,6 +47,7 @@ def export_rules(out: Path) -> list[Path]:
 
     import foxhunt_obs.cli.config as config
     from foxhunt_obs.lib.alerts import prometheus_rules as alerting
+    from foxhunt_obs.lib.alerts.prometheus_rules import prometheus_rule
     from foxhunt_obs.lib.alerts.rules import load_rules
     from foxhunt_obs.lib.analysis.prices import load_price_table
     from foxhunt_obs.lib.ingest.cost_rules import MODEL as COST_MODEL
@@ -54,14 +55,6 @@ def export_rules(out: Path) -> list[Path]:
     from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
     from foxhunt_obs.lib.ingest.mig import model_slices
     from foxhunt_obs.lib.ingest.recording_rules import recording_rules, render
-
-    def manifest(name: str, spec: dict) -> dict:
-        return {
-            "apiVersion": "monitoring.coreos.com/v1",
-            "kind": "PrometheusRule",
-            "metadata": {"name": name, "namespace": "monitoring", "labels": {"release": "prometheus"}},
-            "spec": spec,
-        }
 
     cluster, catalog = config.cluster(), load_catalog()
     rules = recording_rules(catalog, cluster.node_labels, cluster.exporter_containers)
@@ -74,11 +67,11 @@ def export_rules(out: Path) -> list[Path]:
     files = {
         out / "foxhunt-recording-rules.yaml": render(rules),
         out / "foxhunt-recording-rules.prometheusrule.yaml": render(
-            manifest("foxhunt-recording-rules", rules)
+            prometheus_rule(rules, "foxhunt-recording-rules")
         ),
         out / "foxhunt-cost-rules.yaml": render(costs, priced, COST_MODEL),
         out / "foxhunt-cost-rules.prometheusrule.yaml": render(
-            manifest("foxhunt-cost-rules", costs), priced, COST_MODEL
+            prometheus_rule(costs, "foxhunt-cost-rules"), priced, COST_MODEL
         ),
         out / "foxhunt-rules.yaml": alerting.render(alerts),
         out / "foxhunt-rules.prometheusrule.yaml": alerting.render(alerting.prometheus_rule(alerts)),

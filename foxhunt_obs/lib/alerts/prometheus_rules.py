@@ -127,11 +127,13 @@ def alerting_rules(rules: list[Rule]) -> dict:
 
 
 def prometheus_rule(rules: dict, name: str = "foxhunt-alert-rules") -> dict:
-    """A rules dict as a prometheus-operator PrometheusRule (kube-prometheus-stack's release label)."""
+    """A rules dict as a prometheus-operator PrometheusRule. The release label is what kube-prometheus-stack's
+    default ruleSelector matches: the Helm release's name, kube-prometheus-stack here as in the shipped
+    ServiceMonitors (exporter/deploy, deploy/kubernetes); change it to your release's."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": name, "namespace": "monitoring", "labels": {"release": "prometheus"}},
+        "metadata": {"name": name, "namespace": "monitoring", "labels": {"release": "kube-prometheus-stack"}},
         "spec": rules,
     }
 
