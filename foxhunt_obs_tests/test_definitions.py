@@ -25,6 +25,7 @@ def _shape() -> dict:
             "deps": sorted(p.to_user_string() for p in node.parent_keys),
             "checks": sorted(c.name for c in node.check_keys),
             "backfill_policy": str(node.backfill_policy) if node.backfill_policy else None,
+            "pools": sorted(node.pools or ()),
         }
     repo = d.get_repository_def()
     schedules = {s.name: {"cron": s.cron_schedule, "job": s.job_name} for s in repo.schedule_defs}

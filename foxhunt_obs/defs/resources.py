@@ -304,6 +304,12 @@ class AlertingResource(FromSettings, dg.ConfigurableResource):
         )
 
 
+# The Dagster pool of the steps that query Prometheus (gpu_samples, node_samples, spend_now): a backfill of
+# hundreds of hourly partitions becomes many runs, and the pool's limit (deploy/dagster/dagster.yaml's
+# concurrency default_limit, or `dagster instance concurrency set prometheus N`) caps how many of those
+# steps, each sending its queries one after another, run at once.
+PROMETHEUS_POOL = "prometheus"
+
 RESOURCES = {
     "lake": LakeResource,
     "prometheus": PrometheusResource,

@@ -12,6 +12,7 @@ import dagster as dg
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.partitions import DAILY, days_of
 from foxhunt_obs.defs.resources import (
+    PROMETHEUS_POOL,
     AwsResource,
     CostsResource,
     FsxResource,
@@ -110,6 +111,7 @@ def budgets(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResou
 
 @dg.asset(
     deps=["cost_allocation"],
+    pool=PROMETHEUS_POOL,
     group_name="costs",
     kinds={"prometheus", "aws", "parquet"},
     check_specs=[

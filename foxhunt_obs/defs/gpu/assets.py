@@ -4,7 +4,12 @@ import dagster as dg
 
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.partitions import DAILY, HOURLY, days_of, hours_of
-from foxhunt_obs.defs.resources import ClusterResource, LakeResource, PrometheusResource
+from foxhunt_obs.defs.resources import (
+    PROMETHEUS_POOL,
+    ClusterResource,
+    LakeResource,
+    PrometheusResource,
+)
 from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
 from foxhunt_obs.lib.tables import daily as tables
 from foxhunt_obs.lib.tables import gpu as gpu_tables
@@ -54,6 +59,7 @@ def _ingest(table_fn, context, config: IngestConfig, lake, prometheus, cluster):
 @dg.asset(
     partitions_def=HOURLY,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=24),
+    pool=PROMETHEUS_POOL,
     group_name="gpu",
     kinds={"prometheus", "parquet"},
     check_specs=GPU_SAMPLES_CHECKS,
@@ -72,6 +78,7 @@ def gpu_samples(
 @dg.asset(
     partitions_def=HOURLY,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=24),
+    pool=PROMETHEUS_POOL,
     deps=[gpu_samples],
     group_name="gpu",
     kinds={"prometheus", "parquet"},
