@@ -5,9 +5,9 @@ STAMP := .venv/.installed-$(shell cat pyproject.toml exporter/pyproject.toml | s
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.foxhunt/dagster_home
 
-.PHONY: demo test ui bench lint install prometheus chromium alertmanager pushgateway sandbox-down
+.PHONY: demo test ui bench lint install prometheus chromium alertmanager pushgateway postgresql sandbox-down
 
-install: $(STAMP) prometheus chromium alertmanager pushgateway
+install: $(STAMP) prometheus chromium alertmanager pushgateway postgresql
 
 $(STAMP):
 	@command -v python3 >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3 python3-venv; }
@@ -43,6 +43,15 @@ pushgateway:
 	@if ! [ -x /usr/bin/prometheus-pushgateway ]; then \
 	  echo "installing Pushgateway (Debian package)"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus-pushgateway >/dev/null; \
+	fi
+
+# PostgreSQL holds the Dagster instance in the Postgres end-to-end test (foxhunt_obs_tests/e2e/test_dagster_postgres.py,
+# foxhunt_obs/sandbox/servers/postgres.py). --no-install-recommends: the server binaries only; the test runs its own
+# postgres on a temp data dir and a free port, no cluster service is used.
+postgresql:
+	@if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then \
+	  echo "installing PostgreSQL (Debian package)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
 	fi
 
 demo: install

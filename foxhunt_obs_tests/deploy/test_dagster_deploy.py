@@ -72,6 +72,7 @@ CHART_KEYS = {
     "postgresql.postgresqlHost",
     "postgresql.postgresqlUsername",
     "postgresql.postgresqlDatabase",
+    "postgresql.postgresqlScheme",  # helm/dagster/schema/schema/charts/dagster/subschema/postgresql.py
     "postgresql.service.port",
     "generatePostgresqlPasswordSecret",
     "scheduler.type",
@@ -418,8 +419,10 @@ def test_dagster_yaml_is_postgres_storage_with_env_provided_credentials():
     (kind,) = load("dagster.yaml")["storage"]
     assert kind == "postgres"
     db = load("dagster.yaml")["storage"]["postgres"]["postgres_db"]
-    assert set(db) == {"username", "password", "hostname", "db_name", "port"}
-    # every value from the environment: nothing secret (nor a host) is written in the file
+    assert set(db) == {"username", "password", "hostname", "db_name", "port", "scheme"}
+    # the driver named: SQLAlchemy 2.1 reads a bare postgresql:// as psycopg 3, not installed
+    assert db.pop("scheme") == "postgresql+psycopg2"
+    # every other value from the environment: nothing secret (nor a host) is written in the file
     assert all(isinstance(v, dict) and set(v) == {"env"} for v in db.values()), db
     assert db["password"]["env"].startswith("DAGSTER_PG_")
     assert config["storage"]["postgres"]["postgres_db"]["password"] == {"env": db["password"]["env"]}
@@ -519,8 +522,8 @@ def test_the_prometheus_pool_is_capped_by_the_instance_file(tmp_path):
     fifth step wait, across runs: a backfill never sends Prometheus more than 4 queries at once."""
     from dagster import DagsterInstance
 
-    from foxhunt_obs.defs.resources import PROMETHEUS_POOL
     from foxhunt_obs.definitions import defs
+    from foxhunt_obs.defs.resources import PROMETHEUS_POOL
 
     graph = (defs() if callable(defs) else defs).resolve_asset_graph()
     pooled = sorted(
