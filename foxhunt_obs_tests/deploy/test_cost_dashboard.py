@@ -8,9 +8,7 @@ are checked against figures computed by hand from the price table."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import requests
@@ -18,7 +16,7 @@ import yaml
 
 import foxhunt_obs_tests.deploy.test_dashboards as base
 from foxhunt_obs.lib.delivery.pushgateway import DEFAULT_JOB, LAKE_COST, LAKE_IDLE, UNTRACKED
-from foxhunt_obs.sandbox.servers.prometheus import PROMTOOL, PrometheusServer
+from foxhunt_obs.sandbox.servers.prometheus import PROMTOOL, PrometheusServer, backfill_rules, rule_levels
 
 COST = "foxhunt-cost.json"
 COST_RULES = base.REPO / "deploy" / "prometheus" / "foxhunt-cost-rules.yaml"
@@ -185,27 +183,6 @@ def synthetic_input() -> str:
     return "\n".join(lines) + "\n# EOF\n"
 
 
-def rule_levels(rules_file: Path) -> list[dict]:
-    """The rules of the file in levels: a rule reads only records of lower levels. promtool's rule
-    backfill evaluates against stored series only, while a live Prometheus evaluates a group in order,
-    each rule seeing the ones before it: so each level is backfilled after the levels it reads."""
-    levels: list[dict] = []
-    for group in yaml.safe_load(rules_file.read_text())["groups"]:
-        level_of: dict[str, int] = {}
-        for rule in group["rules"]:
-            reads = [
-                n
-                for r, n in level_of.items()
-                if re.search(rf"(?<![\w:]){re.escape(r)}(?![\w:])", rule["expr"])
-            ]
-            n = 1 + max(reads, default=-1)
-            level_of[rule["record"]] = max(level_of.get(rule["record"], 0), n)
-            while len(levels) <= n:
-                levels.append({"groups": [{**{k: v for k, v in group.items() if k != "rules"}, "rules": []}]})
-            levels[n]["groups"][0]["rules"].append(rule)
-    return levels
-
-
 def _promtool(*args: str) -> None:
     r = subprocess.run([PROMTOOL, *args], capture_output=True, text=True)
     assert r.returncode == 0, f"promtool {args[:3]} failed: {r.stderr[-2000:]}"
@@ -214,21 +191,12 @@ def _promtool(*args: str) -> None:
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
     work = tmp_path_factory.mktemp("cost-dashboard-prometheus")
-    tsdb, out, rules = work / "tsdb", work / "rule-blocks", work / "level.yaml"
+    tsdb = work / "tsdb"
     (work / "input.om").write_text(synthetic_input())
     _promtool("tsdb", "create-blocks-from", "openmetrics", "--quiet", str(work / "input.om"), str(tsdb))
-    # the checked-in cost rules, evaluated by Prometheus every minute over the whole input, level by level
-    lookback = f"--query.lookback-delta={STEP * 1000 - 1}ms"  # as a live server with staleness markers
-    for level in rule_levels(COST_RULES):
-        rules.write_text(yaml.safe_dump(level, sort_keys=False, width=1 << 20))
-        with PrometheusServer(tsdb, workdir=work, extra_args=(lookback,)) as server:
-            _promtool(
-                "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={server.url}", f"--start={START}",
-                f"--end={NOW}", f"--eval-interval={STEP}s", f"--output-dir={out}", str(rules),
-            )  # fmt: skip
-        for block in out.iterdir():
-            block.rename(tsdb / block.name)
-        shutil.rmtree(out)
+    # the checked-in cost rules, evaluated every minute over the whole input, level by level, as the
+    # sandbox backfills them
+    backfill_rules(tsdb, work, rule_levels(yaml.safe_load(COST_RULES.read_text())), START, NOW, STEP)
     server = PrometheusServer(tsdb, workdir=work)
     server.start()
     try:

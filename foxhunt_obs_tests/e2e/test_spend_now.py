@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from foxhunt_obs.lib.alerts.collect import Sources, _spend_now, collect
+from foxhunt_obs.lib.alerts.collect import Sources, collect, fresh_spend_now
 from foxhunt_obs.lib.alerts.evaluate import budget_burn
 from foxhunt_obs.lib.alerts.rules import load_rules
 from foxhunt_obs.lib.delivery.pushgateway import push_spend
@@ -134,12 +134,12 @@ def test_budget_burn_warns_on_an_experiments_run_rate(setting, at_five, tmp_path
         f"rules: {{budget_burn: {{budgets: {{ppo-humanoid: {math.ceil(projected)}, dqn-atari: 1000000}}}}}}\n"
     )
     (rule,) = [r for r in load_rules(overrides=overrides) if r.id == "budget_burn"]
-    frame = _spend_now(lake, now, SPEND_NOW)
+    frame = fresh_spend_now(lake, now)
     (finding,) = budget_burn(rule, frame)
     assert finding.labels == {"budget_name": "ppo-humanoid (experiment)"}
     assert finding.value == pytest.approx(projected) and finding.extra["basis"] == "spend_now run rate"
     # older than 2 hours, a refresh is no run rate
-    assert _spend_now(lake, now + timedelta(hours=2, minutes=1), SPEND_NOW).empty
+    assert fresh_spend_now(lake, now + timedelta(hours=2, minutes=1)).empty
 
 
 class Unlistable:

@@ -258,27 +258,10 @@ def _rows(spec: TableSpec, n: int, seed: int) -> pa.Table:
 
 
 @pytest.fixture
-def moto_lake(tmp_path, monkeypatch):
-    boto3 = pytest.importorskip("boto3")
-    from foxhunt_obs.sandbox.servers.moto_server import MotoServer
-
-    for k in (
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_S3",
-        "AWS_PROFILE",
-        "AWS_SESSION_TOKEN",
-        "AWS_DEFAULT_REGION",
-    ):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    with MotoServer(workdir=tmp_path / "moto") as server:
-        boto3.client("s3", endpoint_url=server.url, region_name="us-east-1").create_bucket(
-            Bucket="lake-bucket"
-        )
-        yield Lake(LOCATION, region="us-east-1", endpoint_url=server.url)
+def moto_lake(moto_s3):
+    url, s3 = moto_s3
+    s3.create_bucket(Bucket="lake-bucket")
+    return Lake(LOCATION, region="us-east-1", endpoint_url=url)
 
 
 def _read_like_athena(lake: Lake, statement: str):

@@ -221,26 +221,10 @@ def test_gpu_samples_round_trip(lake):
 
 
 @pytest.fixture
-def s3_lake(monkeypatch):
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        for k in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"):
-            monkeypatch.delenv(k, raising=False)
-        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        monkeypatch.setenv("AWS_REGION", "us-east-1")
-        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        s3 = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
-        s3.create_bucket(Bucket="bucket")
-        yield Lake("s3://bucket/lake", endpoint_url=f"http://{host}:{port}"), s3
-    finally:
-        server.stop()
+def s3_lake(moto_s3):
+    url, s3 = moto_s3
+    s3.create_bucket(Bucket="bucket")
+    return Lake("s3://bucket/lake", endpoint_url=url), s3
 
 
 @pytest.mark.timeout(60)

@@ -189,22 +189,24 @@ def _fsx_frame(sources: Sources, now: datetime) -> pd.DataFrame:
 SPEND_NOW_MAX_AGE = timedelta(hours=2)  # an older live figure is no run rate to warn on
 
 
-def _spend_now(lake, now: datetime, spec) -> pd.DataFrame:
-    """spend_now's newest refresh of `now`'s day, if no older than SPEND_NOW_MAX_AGE (rows marked source
-    'spend_now' for budget_burn; none when the asset has not run)."""
-    if not lake.partitions(spec):
+def fresh_spend_now(lake, now: datetime) -> pd.DataFrame:
+    """spend_now's newest refresh at or before `now`, if no older than SPEND_NOW_MAX_AGE (rows marked
+    source 'spend_now' for budget_burn; none when the asset has not run)."""
+    from foxhunt_obs.lib.schemas import SPEND_NOW
+
+    if not lake.partitions(SPEND_NOW):
         return pd.DataFrame()
     rows = lake.query(
         """SELECT as_of, experiment, source AS spend_source, usd_per_hour, month_usd, run_rate_usd
            FROM spend_now WHERE as_of = (SELECT max(as_of) FROM spend_now WHERE as_of <= $now AND as_of > $since)""",
         {"now": now, "since": now - SPEND_NOW_MAX_AGE},
-        tables=[spec],
+        tables=[SPEND_NOW],
     ).to_pandas()
     return rows.assign(source="spend_now")
 
 
 def _lake_rules(rules: list[Rule], sources: Sources, now: datetime, out: Evaluation) -> None:
-    from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY, SPEND_NOW
+    from foxhunt_obs.lib.schemas import BUDGETS, COSTS_DAILY
 
     lake = sources.lake
     day = now.astimezone(timezone.utc).date()
@@ -218,7 +220,7 @@ def _lake_rules(rules: list[Rule], sources: Sources, now: datetime, out: Evaluat
                     {"day": day.isoformat()},
                     tables=[BUDGETS],
                 ).to_pandas(),
-                _spend_now(lake, now, SPEND_NOW),
+                fresh_spend_now(lake, now),
             ],
             ignore_index=True,
         ),

@@ -82,13 +82,9 @@ def bill_rates(con: duckdb.DuckDBPyConnection, day: datetime) -> EffectiveRates:
     """The effective rates (analysis/effective_rates.py) of the bills landed in the RATE_WINDOW_DAYS up to
     ``day``, over the cluster's nodes: what the estimate and the cost allocation price an instance-hour at
     before its own bill is in. Needs the views costs_hourly and node_samples."""
-    since = _bounds((day - timedelta(days=RATE_WINDOW_DAYS - 1)).date())["day_start"]
-    params = {
-        "first": COSTS_DAILY.key(since),
-        "key": COSTS_DAILY.key(day),
-        "since": since,
-        "until": _bounds(day.date())["day_end"],
-    }
+    until = datetime.combine(day.date(), time(), tzinfo=timezone.utc) + timedelta(days=1)
+    since = until - timedelta(days=RATE_WINDOW_DAYS)
+    params = {"first": COSTS_DAILY.key(since), "key": COSTS_DAILY.key(day), "since": since, "until": until}
     lines = con.execute(EC2_LINES_SQL, params).to_arrow_table()
     return effective_rates(lines, until=day + timedelta(days=1))
 

@@ -237,8 +237,8 @@ def reconcile(lake: Lake, prometheus, today: datetime) -> pd.DataFrame:
         try:
             live = live_spend(prometheus, start, start + timedelta(days=1))
         except LiveCostMissing:  # the live rules did not record that day: unknown, not $0
-            live = dict.fromkeys(g["experiment"], math.nan)
-        for e in sorted(set(g["experiment"]) | set(live)):
+            live = None
+        for e in sorted(set(g["experiment"]) | set(live or ())):
             row = g[g["experiment"] == e]
             out.append(
                 {
@@ -248,7 +248,7 @@ def reconcile(lake: Lake, prometheus, today: datetime) -> pd.DataFrame:
                     "batch_idle_usd": float(row["idle_usd"].sum())
                     if len(row) and row["idle_usd"].notna().any()
                     else None,
-                    "live_usd": live.get(e, math.nan if math.isnan(sum(live.values())) else 0.0),
+                    "live_usd": math.nan if live is None else live.get(e, 0.0),
                 }
             )
     return pd.DataFrame(out, columns=["day", "experiment", "batch_usd", "batch_idle_usd", "live_usd"])

@@ -104,9 +104,8 @@ def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None
     Prometheus evaluates a group's rules in order, each seeing the ones before it at the same timestamp.
     So the rules are backfilled with those references inlined (``inline_records``): the same values,
     e.g. foxhunt:gpu_util:ratio from GR_ENGINE_ACTIVE on a MIG slice, which reports no GPU_UTIL.
-    The evaluating server looks back less than a scrape step (``_backfill_rules``)."""
-    doc = inline_records(RECORDING_RULES)
-    _backfill_rules(scenario, tsdb, work, [doc])
+    The evaluating server looks back less than a scrape step (``backfill_rules``)."""
+    backfill_rules(tsdb, work, [inline_records(RECORDING_RULES)], *_window(scenario))
 
 
 def backfill_cost_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
@@ -118,7 +117,13 @@ def backfill_cost_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
     nest those huge expressions once more): the group is backfilled in levels (``rule_levels``), each
     against a server over the TSDB that already holds the levels before it, so every rule reads the
     records it references as Prometheus evaluating the group in order would."""
-    _backfill_rules(scenario, tsdb, work, rule_levels(yaml.safe_load(COST_RULES.read_text())))
+    levels = rule_levels(yaml.safe_load(COST_RULES.read_text()))
+    backfill_rules(tsdb, work, levels, *_window(scenario))
+
+
+def _window(scenario: Scenario) -> tuple[int, int, int]:
+    """The scenario's (start, end, step) in seconds: where and how often its rules are evaluated."""
+    return int(scenario.start.timestamp()), int(scenario.end.timestamp()), scenario.step_s
 
 
 def rule_levels(doc: dict) -> list[dict]:
@@ -147,7 +152,7 @@ def rule_levels(doc: dict) -> list[dict]:
     return levels
 
 
-def lookback_delta(scenario: Scenario) -> str:
+def lookback_delta(step_s: int) -> str:
     """The look-back of the servers that evaluate rules for the backfill: just under a scrape step.
 
     Backfilled history has no staleness markers (PrometheusServer), so with the default 5 minutes a
@@ -156,12 +161,13 @@ def lookback_delta(scenario: Scenario) -> str:
     cost 5 more minutes, and each level of rules reading recorded rules would add 5 more. A live
     Prometheus ends such a series at its next scrape (a staleness marker); the backfill's evaluations
     (on the scrape grid, offset by less than a step) see each series' sample of that scrape only."""
-    return f"{max(scenario.step_s * 1000 - 1, 1)}ms"
+    return f"{max(step_s * 1000 - 1, 1)}ms"
 
 
-def _backfill_rules(scenario: Scenario, tsdb: Path, work: Path, levels: list[dict]) -> None:
-    """Each level of rules evaluated by promtool over the scenario's window against a server on the
-    TSDB (holding the levels before it), its blocks moved into the TSDB."""
+def backfill_rules(tsdb: Path, work: Path, levels: list[dict], start: int, end: int, step_s: int) -> None:
+    """Each level of rules (rules files as dicts) evaluated by promtool every ``step_s`` over [start, end]
+    (Unix seconds) against a server on the TSDB holding the levels before it, its blocks moved into the
+    TSDB."""
     # promtool offsets a group's evaluations by a hash of its name and file: the file is given by a
     # relative name, the same in every build, so every build records the same timestamps and values
     # promtool runs in `work` (cwd): the output directory must not be relative to where we are
@@ -169,13 +175,12 @@ def _backfill_rules(scenario: Scenario, tsdb: Path, work: Path, levels: list[dic
     out, rules_file = work / "rule-blocks", work / "rules-backfill.yaml"
     for doc in levels:
         rules_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 20))
-        lookback = f"--query.lookback-delta={lookback_delta(scenario)}"
+        lookback = f"--query.lookback-delta={lookback_delta(step_s)}"
         with PrometheusServer(tsdb, workdir=work, extra_args=(lookback,)) as server:
             r = subprocess.run(
                 [
                     PROMTOOL, "tsdb", "create-blocks-from", "rules", "--quiet",
-                    f"--url={server.url}", f"--start={int(scenario.start.timestamp())}",
-                    f"--end={int(scenario.end.timestamp())}", f"--eval-interval={scenario.step_s}s",
+                    f"--url={server.url}", f"--start={start}", f"--end={end}", f"--eval-interval={step_s}s",
                     f"--output-dir={out}", rules_file.name,
                 ],
                 capture_output=True,
