@@ -76,6 +76,7 @@ bench: install
 	$(PY) bench/mlflow_ingest.py
 	$(PY) bench/report.py
 	$(PY) bench/sensors.py
+	$(PY) bench/lake_s3.py
 
 lint: install
 	.venv/bin/ruff check .

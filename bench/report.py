@@ -98,6 +98,15 @@ def mem_available_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 1024
 
 
+def open_lake(root: str):
+    """The lake at ``root`` with the endpoint the lake resource would take from AWS_ENDPOINT_URL (on S3:
+    bench/lake_s3.py's moto server). Not the resource itself: that imports Dagster, whose memory would
+    count in the peak RSS measured here."""
+    from foxhunt_obs.lib.lake import Lake
+
+    return Lake(root, endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+
+
 # ------------------------------------------------------------------------------------------------ the lake
 def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
     """Write the synthetic week (and the day before it is left empty: the lake starts on the Monday)."""
@@ -106,12 +115,11 @@ def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
 
     from foxhunt_obs.lib.analysis.cost_estimate import StorageCapacity, estimate_day, node_hours
     from foxhunt_obs.lib.analysis.prices import load_price_table
-    from foxhunt_obs.lib.lake import Lake
     from foxhunt_obs.lib.schemas import COSTS_DAILY, COSTS_HOURLY, GPU_SAMPLES, NODE_SAMPLES
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
-    lake = Lake(root)
+    lake = open_lake(root)
     prices = load_price_table("us-east-1")
     p4de = float(prices.get("AmazonEC2", INSTANCE_TYPE).usd)
     fsx_price = prices.get("AmazonFSx", f"{FSX_TYPE}/{FSX_TIER}")
@@ -436,10 +444,9 @@ def run_ours(root: str) -> dict:
     """The five report assets' work for the week, in order, as their code does it (no Dagster)."""
 
     from foxhunt_obs.lib.analysis.prices import load_price_table
-    from foxhunt_obs.lib.lake import Lake
 
+    store = open_lake(root)
     rss_after_imports = rss_mb()
-    store = Lake(root)
     days = [WEEK_START + timedelta(days=d) for d in range(DAYS)]
     parts: dict[str, dict[str, float]] = {s: defaultdict(float) for s in STAGES}
     stage_s: dict[str, float] = {}

@@ -5,12 +5,15 @@ the test's own (foxhunt_obs/sandbox/servers/postgres.py: Debian's `postgresql`, 
 * (a) A run launched from the CLI (`dagster asset materialize` of gpu_samples against an empty real
   Prometheus) is stored in Postgres: the instance's run storage is dagster-postgres', and the `runs` table,
   read with psycopg2, holds it.
-* (b) The alert sensor's cursor survives a daemon restart: `dagster-daemon run` with one rule enabled
+* (b) A scheduled run: `gpu_ingest_schedule` is started from the CLI and its stored start moved back an
+  hour before the daemon starts; the daemon's scheduler catches up the last :10 tick itself and launches
+  gpu_ingest_job for the previous hour, which succeeds and is stored in Postgres.
+* (c) The alert sensor's cursor survives a daemon restart: `dagster-daemon run` with one rule enabled
   (gpu_node_missing, `for: 0s`, its absent() branch firing against the empty Prometheus) notifies the
   webhook stand-in once; the daemon is stopped and started again; after a tick of alert_sensor by the new
   daemon, the webhook got nothing new, and the stored cursor still holds the firing alert.
-* (c) A second, separate `dagster-webserver` process on the same DAGSTER_HOME reads the run history: its
-  GraphQL `runsOrError` lists the run of (a).
+* (d) A second, separate `dagster-webserver` process on the same DAGSTER_HOME reads the run history: its
+  GraphQL `runsOrError` lists the runs of (a) and (b).
 
 Every process runs in its own process group and is stopped by it (DESIGN §8), with the helpers of the
 `dagster dev` end-to-end test.
@@ -30,13 +33,14 @@ from dagster._core.scheduler.instigation import TickStatus  # not in the public 
 
 from foxhunt_obs.sandbox.servers import postgres as pg
 from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer
-from foxhunt_obs_tests.e2e.test_dagster_dev import REPO, Dagster, Webhook, _wait
+from foxhunt_obs_tests.e2e.test_dagster_dev import REPO, Dagster, Webhook, _move_schedule_start_back, _wait
 
 pytestmark = pytest.mark.skipif(not pg.available(), reason="PostgreSQL is not installed (make postgresql)")
 
 SHIPPED_YAML = REPO / "deploy" / "dagster" / "dagster.yaml"
 CATALOG = REPO / "foxhunt_obs" / "data" / "alert_rules.yaml"
 SENSOR = "alert_sensor"
+SCHEDULE, SCHEDULED_JOB = "gpu_ingest_schedule", "gpu_ingest_job"
 RULE = "gpu_node_missing"
 DEADLINE_S = 300.0  # each part's bounded waits, from the test's start
 
@@ -172,7 +176,19 @@ def test_dagster_on_postgres_runs_cursor_and_history(tmp_path, monkeypatch):
             assert cur.fetchall() == [(run.run_id, "SUCCESS")]
         conn.close()
 
-        # (b) the alert sensor notifies once, and not again after a daemon restart
+        # (b) a scheduled run: the schedule on since an hour ago, before the daemon starts, so that the
+        # daemon's scheduler catches up the one :10 tick in that hour
+        started = subprocess.run(
+            [_bin("dagster"), "schedule", "start", SCHEDULE, "-w", "workspace.yaml"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert started.returncode == 0, (started.stdout + started.stderr)[-3000:]
+        _move_schedule_start_back(home, SCHEDULE, hours=1)
+        now = datetime.now(timezone.utc)
+        tick_due = now.replace(minute=10, second=0, microsecond=0)
+        tick_due -= timedelta(hours=1) if tick_due > now else timedelta(0)
+
+        # (c) the alert sensor notifies once, and not again after a daemon restart
         daemon_argv = [_bin("dagster-daemon"), "run", "-w", "workspace.yaml"]
         daemon = process(daemon_argv, "daemon-1.log")
 
@@ -199,12 +215,34 @@ def test_dagster_on_postgres_runs_cursor_and_history(tmp_path, monkeypatch):
             cursor = _sensor_state(instance, SENSOR).instigator_data.cursor
         assert cursor and note["fingerprint"] in cursor, cursor[:2000]
         assert len(fired()) == 1, fired()
+
+        # (b) the scheduled run, launched by this daemon, finished before it stops
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+
+            def scheduled_run():
+                runs = instance.get_runs(dg.RunsFilter(tags={"dagster/schedule_name": SCHEDULE}))
+                return runs if runs and all(r.is_finished for r in runs) else None
+
+            [scheduled] = _wait(f"the {SCHEDULE} run to finish", scheduled_run, deadline, daemon)
+        timings["scheduled run done"] = time.monotonic() - t0
+        assert scheduled.job_name == SCHEDULED_JOB, scheduled.job_name
+        assert scheduled.status == dg.DagsterRunStatus.SUCCESS, scheduled.status
+        # the :10 tick in the hour before the daemon started, for the hour that ended ten minutes before it
+        assert scheduled.tags.get(".dagster/scheduled_execution_time") == tick_due.isoformat(), scheduled.tags
+        previous_hour = (tick_due - timedelta(hours=1)).replace(minute=0)
+        assert scheduled.tags.get("dagster/partition") == previous_hour.strftime("%Y-%m-%d-%H:%M"), (
+            scheduled.tags
+        )
+        with psycopg2.connect(server.dsn) as conn, conn.cursor() as cur:
+            cur.execute("SELECT status FROM runs WHERE run_id = %s", (scheduled.run_id,))
+            assert cur.fetchall() == [("SUCCESS",)]
+        conn.close()
         stop(daemon)
         restarted = time.time()
         before = list(webhook.taken)
 
         daemon = process(daemon_argv, "daemon-2.log")
-        # (c) meanwhile, a separate webserver on the same DAGSTER_HOME
+        # (d) meanwhile, a separate webserver on the same DAGSTER_HOME
         webserver = process(
             [_bin("dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "{port}"],
             "webserver.log",
@@ -228,6 +266,7 @@ def test_dagster_on_postgres_runs_cursor_and_history(tmp_path, monkeypatch):
         assert runs["__typename"] == "Runs", runs
         listed = {r["runId"]: r for r in runs["results"]}
         assert run.run_id in listed and listed[run.run_id]["status"] == "SUCCESS", runs
+        assert listed.get(scheduled.run_id, {}).get("jobName") == SCHEDULED_JOB, runs
         timings["webserver lists the run"] = time.monotonic() - t0
         passed = True
     finally:
