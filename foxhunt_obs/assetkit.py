@@ -11,6 +11,7 @@ import dagster as dg
 import numpy as np
 
 from foxhunt_obs.defs.failures import failure
+from foxhunt_obs.lib import tracing
 from foxhunt_obs.lib.analysis.prices import PriceError
 from foxhunt_obs.lib.delivery.pushgateway import PushgatewayError
 from foxhunt_obs.lib.ingest.gpu_series import IngestError
@@ -67,11 +68,55 @@ def metadata_value(value: object) -> dg.MetadataValue:
 
 
 def build(fn: Callable[..., Built], *args, **kwargs) -> Built:
-    """`fn(*args)`, its expected errors raised as a Dagster Failure (scrubbed, without the chained cause)."""
+    """`fn(*args)`, its expected errors raised as a Dagster Failure (scrubbed, without the chained cause).
+    Traced (lib/tracing.py): one span per step, in the run's trace, its sources' requests under it."""
+    run_id, attributes = _step_scope(fn)
     try:
-        return fn(*args, **kwargs)
+        with tracing.run_step_span(f"materialize {attributes['dagster.asset']}", run_id, attributes) as span:
+            built = fn(*args, **kwargs)
+            if isinstance(built, Built):  # build() also wraps loaders (load_price_table)
+                tracing.set_attributes(span, _summary_attributes(built))
+            return built
     except EXPECTED_ERRORS as e:
         raise failure(e) from None
+    finally:
+        if run_id:  # a Dagster step: its process may exit next (at most FLUSH_S with a collector down)
+            tracing.flush()
+
+
+def _step_scope(fn: Callable) -> tuple[str | None, dict[str, object]]:
+    """The run id and the span attributes of the step calling `build` (asset, partition, job); outside a
+    Dagster step (tests, bench/), no run and the table function's name."""
+    name = getattr(fn, "__name__", "table")
+    if not tracing.enabled():
+        return None, {"dagster.asset": name}
+    try:
+        ctx = dg.OpExecutionContext.get()
+    except dg.DagsterInvariantViolationError:
+        return None, {"dagster.asset": name}
+    keys = sorted(k.to_user_string() for k in ctx.selected_asset_keys) or [name]
+    partition = None
+    if ctx.has_partition_key:
+        partition = ctx.partition_key
+    elif ctx.has_partition_key_range:
+        first, last = ctx.partition_key_range.start, ctx.partition_key_range.end
+        partition = first if first == last else f"{first}..{last}"
+    return ctx.run_id, {
+        "dagster.asset": ", ".join(keys),
+        "dagster.partition": partition,
+        "dagster.job": ctx.job_name,
+        "dagster.step": ctx.op.name,
+        "foxhunt.table_function": name,
+    }
+
+
+def _summary_attributes(built: Built) -> dict[str, object]:
+    """The summary's numbers (rows written and the like) on the step's span."""
+    return {
+        f"foxhunt.summary.{k}": v.item() if isinstance(v, np.generic) else v
+        for k, v in built.summary.items()
+        if isinstance(v, (numbers.Real, np.generic)) and not isinstance(v, (np.str_, np.bytes_))
+    }
 
 
 def results(built: Built) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:

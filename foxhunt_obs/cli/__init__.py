@@ -8,6 +8,8 @@ Settings are read here and nowhere else outside the resources: config.py builds 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
 
     args = p.parse_args(argv)
+    _progress_to_stderr()
     if args.cmd == "sandbox":
         return sandbox(args)
     if args.cmd == "run":
@@ -80,3 +83,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _hour(s: str) -> datetime:
     return datetime.strptime(s, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc)
+
+
+def _progress_to_stderr() -> None:
+    """The sandbox's progress lines (the history build: blocks written, days of rules evaluated) on
+    stderr, so a first build never looks like a silent terminal; nothing else's logging is touched."""
+    sandbox_log = logging.getLogger("foxhunt_obs.sandbox")
+    if not sandbox_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        sandbox_log.addHandler(handler)
+        sandbox_log.setLevel(logging.INFO)

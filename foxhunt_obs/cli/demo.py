@@ -144,6 +144,7 @@ def run_demo(args) -> int:
         ok = True
         for job, first, last in [
             ("gpu_ingest_job", *hours),
+            ("ray_ingest_job", *hours),
             ("gpu_hourly_job", first_day, last_day),
             ("training_job", first_day, last_day),
             ("fsx_ingest_job", *hours),

@@ -18,9 +18,10 @@ def sandbox(args) -> int:
     from foxhunt_obs.sandbox.servers import prometheus as sandbox
 
     if args.action == "up":
-        info = up(args)
+        info = up(args, trainer=True)
         print(f"sandbox up, scenario {info['scenario']} {info['start']} .. {info['end']}:")
         print(f"  Prometheus {info['url']} (backfilled history; live fake exporter {info['exporter_url']})")
+        print(f"  example trainer {info['trainer_url']}/metrics (the training cockpit's series, live)")
         print(f"  MLflow {info['mlflow_url']}")
         print(f"  AWS (moto: FSx, CloudWatch, S3 with CUR 2.0, Cost Explorer, Budgets) {info['aws_url']}")
         print('  eval "$(foxhunt-obs sandbox env)" points a shell at all three')
@@ -49,13 +50,14 @@ def sandbox(args) -> int:
     return 0
 
 
-def up(args) -> dict:
-    """Prometheus (with the live exporter) first: its up() clears the run dir the others' files go in."""
+def up(args, trainer: bool = False) -> dict:
+    """Prometheus (with the live exporter, and the example trainer if asked) first: its up() clears the
+    run dir the others' files go in. `sandbox down` stops the trainer with the rest."""
     from foxhunt_obs.sandbox.servers import prometheus as sandbox
     from foxhunt_obs.sandbox.servers.mlflow_server import up_mlflow
     from foxhunt_obs.sandbox.servers.moto_server import sandbox_env, up_moto
 
-    info = sandbox.up(args.scenario, args.state_dir, args.port)
+    info = sandbox.up(args.scenario, args.state_dir, args.port, trainer=trainer)
     try:
         info["mlflow_url"] = up_mlflow(args.scenario, args.state_dir, args.mlflow_port)["url"]
         aws = up_moto(args.scenario, args.state_dir, args.moto_port)

@@ -282,7 +282,7 @@ class ReportResource(FromSettings, dg.ConfigurableResource):
 
 class AlertingResource(FromSettings, dg.ConfigurableResource):
     """The alert sensors: the rule overrides file, the sinks (Alertmanager, Slack, a signed webhook; the
-    lake's alerts table always) and the Dagster UI URL their links point to."""
+    lake's alerts table always), the Dagster UI URL their links point to, and the logs and trace links."""
 
     rules_file: str = setting("FOXHUNT_ALERT_RULES")
     alertmanager_url: str = setting("FOXHUNT_ALERTMANAGER_URL")
@@ -290,6 +290,14 @@ class AlertingResource(FromSettings, dg.ConfigurableResource):
     webhook_url: str = setting("FOXHUNT_ALERT_WEBHOOK_URL")
     webhook_secret: str = setting("FOXHUNT_ALERT_WEBHOOK_SECRET")
     dagster_url: str = setting("FOXHUNT_DAGSTER_URL")
+    logs_url_template: str = setting("FOXHUNT_LOGS_URL_TEMPLATE")
+    trace_url_template: str = setting("FOXHUNT_TRACE_URL_TEMPLATE")
+
+    def links(self):
+        """The alerts' links to a pod's logs and a run's trace (lib/tracing.LinkTemplates)."""
+        from foxhunt_obs.lib.tracing import LinkTemplates
+
+        return LinkTemplates(logs=self.logs_url_template.strip(), trace=self.trace_url_template.strip())
 
     def sinks(self, lake: Lake, slack: SlackBotResource) -> list:
         from foxhunt_obs.lib.delivery.alert_sinks import configured_sinks
@@ -304,7 +312,7 @@ class AlertingResource(FromSettings, dg.ConfigurableResource):
         )
 
 
-# The Dagster pool of the steps that query Prometheus (gpu_samples, node_samples, spend_now): a backfill of
+# The Dagster pool of the steps that query Prometheus (gpu_samples, node_samples, ray_samples, spend_now): a backfill of
 # hundreds of hourly partitions becomes many runs, and the pool's limit (deploy/dagster/dagster.yaml's
 # concurrency default_limit, or `dagster instance concurrency set prometheus N`) caps how many of those
 # steps, each sending its queries one after another, run at once.

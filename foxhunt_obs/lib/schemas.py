@@ -154,6 +154,39 @@ GPU_HOURLY = TableSpec(
     ),
 )
 
+RAY_SAMPLES = TableSpec(
+    name="ray_samples",
+    partition="hour",
+    doc=(
+        "One row per Ray node (a KubeRay pod scraped as a Ray target) per scrape step, from Ray's own series "
+        "(data/ray_metrics.yaml): logical GPUs, tasks, the GCS's actor states (on the head's row), object "
+        "store. alive false: the node's scrape failed (its raylet gone), its values null."
+    ),
+    schema=pa.schema(
+        [
+            ("ts", TS),
+            ("ray_cluster", LABEL),  # the RayCluster (ray.io/cluster, the ray_io_cluster target label)
+            ("namespace", LABEL),
+            ("pod", LABEL),
+            ("node_type", LABEL),  # head / worker (KubeRay's ray.io/node-type), '' unknown
+            ("experiment", LABEL),  # the head pod's experiment label, else the pod's, else its namespace's
+            ("alive", pa.bool_()),  # the Ray node answered its scrape at this step
+            ("gpus_total", pa.float64()),  # Ray's logical GPUs on the node (ray_resources Name=GPU)
+            ("gpus_used", pa.float64()),
+            ("gpus_available", pa.float64()),
+            ("tasks_pending", pa.float64()),  # PENDING_NODE_ASSIGNMENT, as the owners on this node report
+            ("tasks_running", pa.float64()),
+            ("tasks_failed", pa.float64()),  # tasks in state FAILED (a running count, not a rate)
+            ("actors_alive", pa.float64()),  # the GCS's counts: the cluster's, on the head's row only
+            ("actors_restarting", pa.float64()),
+            ("actors_dead", pa.float64()),
+            ("object_store_used_bytes", pa.float64()),  # in the plasma store's shared memory
+            ("object_store_capacity_bytes", pa.float64()),
+            ("step_seconds", pa.float64()),
+        ]
+    ),
+)
+
 TRAINING_RUNS = TableSpec(
     name="training_runs",
     partition="snapshot",  # one partition, "current": the table is a snapshot, replaced whole each time
@@ -492,6 +525,7 @@ TABLES: dict[str, TableSpec] = {
     for t in (
         GPU_SAMPLES,
         NODE_SAMPLES,
+        RAY_SAMPLES,
         GPU_HOURLY,
         TRAINING_RUNS,
         TRAINING_HISTORY,

@@ -173,6 +173,24 @@ SETTINGS: tuple[Setting, ...] = (
         "http://127.0.0.1:3000",
         "Dagster UI base URL: the alerts' links (generatorURL)",
     ),
+    Setting(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "",
+        "OTLP/HTTP collector or Tempo base URL for traces, /v1/traces appended (OpenTelemetry's own, read by "
+        "its SDK with the other OTEL_* variables; empty: no tracing)",
+    ),
+    Setting(
+        "FOXHUNT_LOGS_URL_TEMPLATE",
+        "",
+        "URL of a pod's logs with {namespace}, {pod}, {from_ms}, {to_ms}, e.g. Grafana Explore on Loki: "
+        "alerts on a pod link to it (empty: no link)",
+    ),
+    Setting(
+        "FOXHUNT_TRACE_URL_TEMPLATE",
+        "",
+        "URL of a run's trace with {trace_id}, {from_ms}, {to_ms}, e.g. Grafana Explore on Tempo (empty: "
+        "no link)",
+    ),
 )
 
 SETTING = {s.env: s for s in SETTINGS}

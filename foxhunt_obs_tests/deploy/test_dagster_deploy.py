@@ -531,7 +531,7 @@ def test_the_prometheus_pool_is_capped_by_the_instance_file(tmp_path):
         for k in graph.get_all_asset_keys()
         if PROMETHEUS_POOL in (graph.get(k).pools or ())
     )
-    assert pooled == ["gpu_samples", "node_samples", "spend_now"]
+    assert pooled == ["gpu_samples", "node_samples", "ray_samples", "spend_now"]
     shipped = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump({"concurrency": shipped["concurrency"]}))
     instance = DagsterInstance.from_config(str(tmp_path))  # the shipped limit on a local (sqlite) instance

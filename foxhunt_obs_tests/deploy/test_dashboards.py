@@ -20,7 +20,10 @@ GRAFANA = REPO / "deploy" / "grafana"
 RULES_FILE = REPO / "deploy" / "prometheus" / "foxhunt-recording-rules.yaml"
 COCKPIT = "training-cockpit.json"
 FLEET = "gpu-fleet.json"
-DASHBOARDS = (COCKPIT, FLEET)
+TRACES = "traces.json"
+DASHBOARDS = (COCKPIT, FLEET, TRACES)
+PROMETHEUS_DS = {"type": "prometheus", "uid": "${datasource}"}
+TEMPO_DS = {"type": "tempo", "uid": "${tempo}"}  # traces.json's Tempo panels (test_traces_dashboard.py)
 
 # Seed 003's rows, in order, and the series each must show.
 COCKPIT_ROWS = {
@@ -92,6 +95,7 @@ VARIABLES = {
     "model": ".*",
     "fold": ".*",
     "pod": "training.*",
+    "service": "foxhunt_obs",
 }
 VARIABLE_RE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)")
 METRIC_RE = re.compile(r"\b(foxhunt(?:_\w+|:[\w:]+)|DCGM_\w+|node_\w+)")
@@ -163,8 +167,11 @@ def test_dashboard_is_a_grafana_model_on_the_datasource_variable(name):
     for p in panels(board):
         if p["type"] == "row":
             continue
-        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
         assert p["targets"], f"{p['title']}: no query"
+        if p["datasource"] == TEMPO_DS:  # a trace search or the service map: checked by test_traces_dashboard
+            assert all(t["datasource"] == TEMPO_DS for t in p["targets"]), p["title"]
+            continue
+        assert p["datasource"] == PROMETHEUS_DS, p["title"]
         for t in p["targets"]:
             assert t["datasource"]["uid"] == "${datasource}", p["title"]
             assert t.get("expr", "").strip(), f"{p['title']}: target {t['refId']} has no expr"
@@ -179,7 +186,9 @@ def test_queries_use_only_variables_the_dashboard_defines(name):
     for title, expr in queries(board):
         for m in VARIABLE_RE.finditer(expr):
             var = m.group(1) or m.group(2) or m.group(3)
-            assert var.startswith("__") or var.isdigit() or var in defined, f"{title}: ${var} is not a variable of {name}"
+            assert var.startswith("__") or var.isdigit() or var in defined, (
+                f"{title}: ${var} is not a variable of {name}"
+            )
 
 
 @pytest.mark.parametrize("name", DASHBOARDS)
@@ -387,13 +396,82 @@ class _History:
         return "\n".join(line for lines in grouped.values() for line in lines) + "\n# EOF\n"
 
 
+# Tempo's metrics-generator series as it remote-writes them. Names, labels and label values: grafana/tempo
+# @ad33aa8 modules/generator/processor/spanmetrics/spanmetrics.go (traces_spanmetrics_calls_total and
+# traces_spanmetrics_latency, labels service, span_name, span_kind, status_code: SPAN_KIND_*, STATUS_CODE_*),
+# servicegraphs/servicegraphs.go (traces_service_graph_request_total, _failed_total, _server_seconds,
+# _client_seconds; labels client, server, connection_type), registry/registry.go (every series carries
+# __metrics_gen_instance, the generator's hostname); default buckets from docs/sources/tempo/configuration.
+# A series exists only once a span made it: a span name that never failed has no STATUS_CODE_ERROR series.
+SPAN_BUCKETS = (
+    "0.002", "0.004", "0.008", "0.016", "0.032", "0.064", "0.128", "0.256",
+    "0.512", "1.024", "2.048", "4.096", "8.192", "16.384", "+Inf",
+)  # fmt: skip
+GRAPH_BUCKETS = ("0.1", "0.2", "0.4", "0.8", "1.6", "3.2", "6.4", "12.8", "+Inf")
+GENERATORS = ("tempo-metrics-generator-0", "tempo-metrics-generator-1")  # each counts half the spans
+# (service, span name, kind, spans ended OK per STEP, ended in error per STEP, the bucket all durations fall in)
+SPANS = (
+    ("foxhunt_obs", "run gpu_ingest_job", "SPAN_KIND_INTERNAL", 3, 1, "+Inf"),
+    ("foxhunt_obs", "materialize gpu_samples", "SPAN_KIND_INTERNAL", 9, 1, "4.096"),
+    ("foxhunt_obs", "POST /api/v1/query_range", "SPAN_KIND_CLIENT", 38, 2, "0.128"),
+    ("foxhunt_obs", "S3.PutObject", "SPAN_KIND_CLIENT", 20, 0, "0.064"),
+    ("foxhunt_obs", "alert tick", "SPAN_KIND_INTERNAL", 4, 0, "8.192"),
+    ("ppo-trainer", "training.fold", "SPAN_KIND_INTERNAL", 2, 0, "16.384"),
+)
+# (client, server, connection_type, requests per STEP, failed per STEP): the foxhunt_obs edges are virtual
+# nodes (no server spans) named by the client span's server.address, MLflow's store by its db.system.name
+EDGES = (
+    ("foxhunt_obs", "prometheus-k8s.monitoring.svc", "virtual_node", 40, 2),
+    ("foxhunt_obs", "s3.us-east-1.amazonaws.com", "virtual_node", 20, 0),
+    ("foxhunt_obs", "postgresql", "database", 5, 0),
+    ("ppo-trainer", "mlflow.mlflow.svc", "virtual_node", 6, 3),
+)
+SPANS_RECEIVED = 80  # per STEP, all tenants, as Tempo's distributor counts them
+
+
+def _histogram(h: _History, name: str, labels: dict, per_step: float, upper: str, buckets, seconds: float):
+    """A histogram whose observations (per_step a STEP, split over the generators) all fall in `upper`."""
+    for le in buckets:
+        inside = le == "+Inf" or (upper != "+Inf" and float(le) >= float(upper))
+        h.series(f"{name}_bucket", {**labels, "le": le}, lambda i, n=per_step * inside: n * i)
+    h.series(f"{name}_sum", labels, lambda i: per_step * seconds * i)
+    h.series(f"{name}_count", labels, lambda i: per_step * i)
+
+
+def tempo_series(h: _History) -> None:
+    half = 1 / len(GENERATORS)
+    for generator in GENERATORS:
+        for service, name, kind, ok, errors, upper in SPANS:
+            base = dict(service=service, span_name=name, span_kind=kind, __metrics_gen_instance=generator)
+            for status, n in (("STATUS_CODE_UNSET", ok), ("STATUS_CODE_ERROR", errors)):
+                if n:
+                    labels = {**base, "status_code": status}
+                    h.series("traces_spanmetrics_calls_total", labels, lambda i, n=n: n * half * i)
+                    _histogram(h, "traces_spanmetrics_latency", labels, n * half, upper, SPAN_BUCKETS, 0.05)
+        for client, server, kind, total, failed in EDGES:
+            labels = dict(
+                client=client, server=server, connection_type=kind, __metrics_gen_instance=generator
+            )
+            h.series("traces_service_graph_request_total", labels, lambda i, n=total: n * half * i)
+            if failed:
+                h.series(
+                    "traces_service_graph_request_failed_total", labels, lambda i, n=failed: n * half * i
+                )
+            for side in ("server", "client"):
+                name = f"traces_service_graph_request_{side}_seconds"
+                _histogram(h, name, labels, total * half, "0.2", GRAPH_BUCKETS, 0.15)
+    tempo = dict(tenant="single-tenant", job="tempo", instance="tempo-distributor-0:3200")
+    h.series("tempo_distributor_spans_received_total", tempo, lambda i: SPANS_RECEIVED * i)
+
+
 def _training_pod(model: str, fold: str) -> str:
     return f"training-{model}-{fold}"
 
 
 def synthetic_history(documented: dict[str, str]) -> str:
     """Series shaped as the contracts say: training metrics as a trainer's scrape stores them, the GPU
-    recording rules, the foxhunt exporter's raw series, node_exporter. GPU 7 is held by no pod."""
+    recording rules, the foxhunt exporter's raw series, node_exporter, Tempo's span metrics and service
+    graph. GPU 7 is held by no pod."""
     h = _History()
     for model in MODELS:
         for fold in FOLDS:
@@ -459,6 +537,7 @@ def synthetic_history(documented: dict[str, str]) -> str:
     h.series("node_memory_MemAvailable_bytes", node, lambda i: 0.7e12)
     for direction in ("transmit", "receive"):
         h.series(f"node_network_{direction}_bytes_total", {**node, "device": "eth0"}, lambda i: 1e8 * i)
+    tempo_series(h)
     return h.text()
 
 
@@ -501,6 +580,8 @@ def test_every_panel_query_runs_and_finds_the_contract_series(prometheus, name):
     errors, empty, legends = [], [], []
     for p in panels(load(name)):
         for t in p.get("targets", []):
+            if "expr" not in t:
+                continue  # a Tempo query (test_traces_dashboard.py)
             expr = t["expr"]
             result, why = _query(prometheus, substitute(expr))
             if result is None:

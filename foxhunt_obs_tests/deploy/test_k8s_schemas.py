@@ -238,6 +238,7 @@ def test_the_objects_this_project_must_ship_are_all_found():
         ("exporter/deploy/sidecar-job.yaml", "Job"),
         ("exporter/deploy/sidecar-job.yaml", "PodMonitor"),
         ("deploy/kubernetes/dcgm-exporter-servicemonitor.yaml", "ServiceMonitor"),
+        ("deploy/kubernetes/ray-podmonitor.yaml", "PodMonitor"),
         ("deploy/grafana/configmaps.yaml", "ConfigMap"),
         ("deploy/prometheus/foxhunt-rules.prometheusrule.yaml", "PrometheusRule"),
         ("deploy/prometheus/foxhunt-recording-rules.prometheusrule.yaml", "PrometheusRule"),
@@ -245,7 +246,7 @@ def test_the_objects_this_project_must_ship_are_all_found():
     }
     assert expected <= shipped, f"not found: {sorted(expected - shipped)}"
     configmaps = [d for d in shipped_objects() if d.path == "deploy/grafana/configmaps.yaml"]
-    assert len(configmaps) == 3, [d.id for d in configmaps]
+    assert len(configmaps) == 4, [d.id for d in configmaps]
     values = documents(REPO / "deploy/kubernetes/kube-state-metrics-values.yaml")
     assert values and not any(is_object(d) for d in values)
     assert {k for (_, _, k) in crd_schemas()} == {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -386,10 +387,29 @@ def test_dcgm_servicemonitor_scrapes_the_gpu_operator_service():
 def test_kube_state_metrics_values_allow_list_what_the_ingest_reads():
     (values,) = [d.body for d in documents(REPO / "deploy/kubernetes/kube-state-metrics-values.yaml")]
     allow = values["metricLabelsAllowlist"]  # the chart joins it with "," into --metric-labels-allowlist
+    # resource=[label,label,...] per entry: kube-state-metrics' flag syntax
+    listed = {k: set(v.strip("[]").split(",")) for k, _, v in (e.partition("=") for e in allow)}
     label = settings.default("FOXHUNT_EXPERIMENT_LABEL")
-    assert f"pods=[{label}]" in allow and f"namespaces=[{label}]" in allow, allow
-    assert "nodes=[node.kubernetes.io/instance-type]" in allow, allow
+    assert label in listed["pods"] and label in listed["namespaces"], allow
+    assert listed["nodes"] == {"node.kubernetes.io/instance-type"}, allow
+    # the KubeRay pod labels the Ray ingest reads a node's cluster and role from
+    kuberay = yaml.safe_load((REPO / "foxhunt_obs/data/ray_metrics.yaml").read_text())["kube"]
+    assert {kuberay["cluster_label"], kuberay["node_type_label"]} <= listed["pods"], allow
     # kube-state-metrics exposes a label as label_<key, every character outside [a-zA-Z0-9_] as "_">
     catalog = yaml.safe_load((REPO / "foxhunt_obs/data/metric_catalog.yaml").read_text())
     exposed = "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", "node.kubernetes.io/instance-type")
     assert catalog["kube"]["instance_type_label"] == exposed
+
+
+def test_ray_podmonitor_gives_the_ray_ingest_its_cluster_label():
+    """The Ray ingest finds Ray targets by the cluster label on `up`: the PodMonitor must write exactly it,
+    from KubeRay's pod label, on both roles."""
+    (doc,) = documents(REPO / "deploy/kubernetes/ray-podmonitor.yaml")
+    ray = yaml.safe_load((REPO / "foxhunt_obs/data/ray_metrics.yaml").read_text())
+    spec = doc.body["spec"]
+    (expr,) = spec["selector"]["matchExpressions"]
+    assert expr["key"] == ray["kube"]["node_type_label"] and set(expr["values"]) == {"head", "worker"}
+    (endpoint,) = spec["podMetricsEndpoints"]
+    meta = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", ray["kube"]["cluster_label"])
+    copies = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert copies[ray["target"]["cluster_label"]] == [meta], copies

@@ -60,6 +60,8 @@ EXPECTED = [
     ("gpu_oom_restarts", "dqn-atari-learner-1", "05:10", "05:20", "05:30", "05:40"),
     # node 2 lost 03:00-05:00, for 10 minutes
     ("gpu_node_missing", "", "03:10", "03:20", "05:00", "05:05"),
+    # the Ray cluster's worker-1 lost 00:10-00:20 (actor restarting, scrape failing), for 2 minutes
+    ("ray_worker_lost", "ppo-humanoid-ray", "00:12", "00:15", "00:20", "00:25"),
 ]
 
 
@@ -67,7 +69,7 @@ def ident(n) -> str:
     labels = n.labels
     if n.rule == "ecc_errors":
         return f"{labels['node']}/{labels['gpu']}"
-    for key in ("run_name", "pod", "file_system_name"):
+    for key in ("run_name", "pod", "ray_io_cluster", "file_system_name"):
         if labels.get(key):
             return labels[key]
     return ""
@@ -133,11 +135,11 @@ def test_every_incident_fires_once_and_resolves_once(replayed):
 
 def test_the_scenario_itself_says_what_must_fire(small, replayed):
     """expected_alerts derives the same story from the scenario file (what make demo checks on the
-    default scenario): all 11 incidents found, and only the low-utilization pods besides."""
+    default scenario): all 12 incidents found, and only the low-utilization pods besides."""
     sent, _, _, _ = replayed
     verdict = expected_alerts.check(expected_alerts.expected(small), sent, small.start, sent[-1][0])
     assert verdict.ok, verdict.missed
-    assert len(verdict.found) == 11 == len(EXPECTED) - 3
+    assert len(verdict.found) == 12 == len(EXPECTED) - 3
     assert sorted({(n.rule, ident(n)) for _, n in verdict.other}) == sorted(
         (rule, who) for rule, who, *_ in EXPECTED if rule == "gpu_underutilized"
     )

@@ -9,15 +9,23 @@ static labels here are target labels exactly as relabelled SD labels are) and it
 * NVIDIA's dcgm-exporter Helm chart: container `exporter`, honorLabels false (the chart's default);
 * a ServiceMonitor with honorLabels true (as NVIDIA/aicr sets it), on a MIG page;
 * the foxhunt exporter as deploy/servicemonitor.yaml scrapes it (honorLabels true, the target's pod
-  labels dropped).
+  labels dropped);
+* a training pod reporting its own GPUs, as exporter/deploy/sidecar-job.yaml's PodMonitor scrapes it: our
+  exporter in sidecar mode (endpoint gpu-metrics, container gpu-exporter, honorLabels true) and the
+  trainers' library with its in-process poller (endpoint training-metrics, container trainer, honorLabels
+  false), each pod given GPUs in kube-state-metrics' kube_pod_container_resource_limits.
 
-Then the ingest (collect_gpu_samples) and the generated recording rules must agree on who holds what.
+Then the ingest (collect_gpu_samples) and the recording rules as the catalog generates them now must
+agree on who holds what.
 """
 
 from __future__ import annotations
 
 import http.server
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -31,8 +39,10 @@ from foxhunt_obs.lib.ingest.gpu_series import (
     missing_core_columns,
 )
 from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
+from foxhunt_obs.lib.ingest.recording_rules import recording_rules, render
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-from foxhunt_obs.sandbox.servers.local_server import free_port, kill_group
+from foxhunt_obs.sandbox.example_trainer import start_example_trainer
+from foxhunt_obs.sandbox.servers.local_server import free_port, kill_group, wait_serving
 from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer, start_fake_exporter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real"
@@ -43,6 +53,28 @@ NODE_LABELS = ("node", "kubernetes_node", "Hostname", "hostname", "instance")
 OPERATOR_POD = "nvidia-dcgm-exporter-7fq2x"
 CHART_POD = "dcgm-exporter-x9k2p"
 AICR_POD = "nvidia-dcgm-exporter-b4w9c"
+# exporter/deploy/sidecar-job.yaml: one training pod with our exporter as its sidecar, another whose trainer
+# polls its GPUs in process (the trainers' library, as the sandbox's example trainer runs it)
+TRAINING_NS = "training"
+SIDECAR_POD, TRAINER_POD = "training-ppo-policy-fold-0-abcde", "training-sac-fold-1-x7k2p"
+# prometheus-operator (pkg/prometheus/promcfg.go generatePodMonitorConfig) names a PodMonitor endpoint's scrape
+# config podMonitor/<namespace>/<name>/<index> and relabels its targets' job to <namespace>/<name>
+PODMONITOR_JOB = "training/foxhunt-training"
+PODMONITOR_JOB_LABEL = [{"target_label": "job", "replacement": PODMONITOR_JOB}]
+SIDECAR_NODE = "sidecar-node"
+TRAINER_NODE = "sandbox-trainer-node"  # the example trainer's fake GPUs' hostname
+TRAINER_ARGS = ("--folds", "2", "--epochs", "2", "--batches", "2", "--step-seconds", "0.01", "--fake-gpus", "2",
+                "--gpu-interval", "0.5")  # fmt: skip
+# Each training pod's GPU limit, in kube-state-metrics' format (label set and unit as in
+# kubernetes/kube-state-metrics v2.20.0 internal/store/pod_test.go, kube_pod_container_resource_limits):
+# lines written for this test's pods, appended to the real KSM page. The exporter pods have cpu limits only.
+KSM_LIMITS = f"""
+# TYPE kube_pod_container_resource_limits gauge
+kube_pod_container_resource_limits{{container="trainer",namespace="{TRAINING_NS}",node="{SIDECAR_NODE}",pod="{SIDECAR_POD}",resource="nvidia_com_gpu",uid="uid-s",unit="integer"}} 2
+kube_pod_container_resource_limits{{container="trainer",namespace="{TRAINING_NS}",node="{SIDECAR_NODE}",pod="{SIDECAR_POD}",resource="memory",uid="uid-s",unit="byte"}} 2.74877906944e+11
+kube_pod_container_resource_limits{{container="trainer",namespace="{TRAINING_NS}",node="{TRAINER_NODE}",pod="{TRAINER_POD}",resource="nvidia_com_gpu",uid="uid-t",unit="integer"}} 2
+kube_pod_container_resource_limits{{container="nvidia-dcgm-exporter",namespace="gpu-operator",node="gpu-node-1",pod="nvidia-dcgm-exporter-7fq2x",resource="cpu",uid="uid-o",unit="core"}} 0.2
+"""
 PAGES = {
     "/operator": "dcgm-exporter-4x-gpu-operator-h100-pods.prom",
     "/chart": "dcgm-exporter-4x-vgpu-xid-errcode.prom",
@@ -66,6 +98,27 @@ def _target(job, port, path, honor, labels, relabel=None):
     return cfg
 
 
+def _start_sidecar_exporter(port: int, workdir: Path) -> subprocess.Popen:
+    """Our exporter in sidecar mode (fake backend, 2 GPUs), the pod's identity in the environment as the
+    Downward API gives it in exporter/deploy/sidecar-job.yaml; serving when this returns."""
+    scenario = workdir / "sidecar-scenario.json"
+    scenario.write_text(json.dumps({"gpus": 2, "model": "NVIDIA H100 80GB HBM3", "hostname": SIDECAR_NODE}))
+    env = {**os.environ, "POD_NAME": SIDECAR_POD, "POD_NAMESPACE": TRAINING_NS, "CONTAINER_NAME": "trainer"}
+    log = workdir / "sidecar.log"
+    cmd = [sys.executable, "-m", "foxhunt_gpu_exporter", "--fake", str(scenario), "--mode", "sidecar",
+           "--listen-address", f"127.0.0.1:{port}", "--interval", "0.5"]  # fmt: skip
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return wait_serving(process, port, 20, "sidecar exporter", log)
+
+
 class _ScrapingPrometheus(PrometheusServer):
     def __init__(self, workdir: Path, scrape_configs: list[dict], rule_files: tuple[Path, ...]):
         super().__init__(workdir / "tsdb", workdir=workdir, rule_files=rule_files)
@@ -85,6 +138,7 @@ class _ScrapingPrometheus(PrometheusServer):
 def scraped(tmp_path_factory):
     work = tmp_path_factory.mktemp("real-pages")
     bodies = {path: (REAL / name).read_bytes() for path, name in PAGES.items()}
+    bodies["/ksm"] += KSM_LIMITS.encode()
 
     class Pages(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -102,6 +156,9 @@ def scraped(tmp_path_factory):
     port = pages.server_address[1]
     exporter_port = free_port()
     exporter = start_fake_exporter(exporter_port, work, interval=0.5, hostname="foxhunt-node")
+    sidecar_port, trainer_port = free_port(), free_port()
+    sidecar = _start_sidecar_exporter(sidecar_port, work)
+    trainer = start_example_trainer(trainer_port, work, *TRAINER_ARGS)
     scrape = [
         _target(
             "nvidia-dcgm-exporter",
@@ -179,8 +236,40 @@ def scraped(tmp_path_factory):
             {"namespace": "monitoring", "pod": "foxhunt-gpu-exporter-abcde", "container": "exporter"},
             relabel=[{"regex": "pod|namespace|container", "action": "labeldrop"}],
         ),
+        # exporter/deploy/sidecar-job.yaml's PodMonitor: the sidecar's endpoint (honorLabels true, node from
+        # the pod's node) and the trainer's (honorLabels false, the PodMonitor's default)
+        _target(
+            f"podMonitor/{PODMONITOR_JOB}/1",
+            sidecar_port,
+            "/metrics",
+            True,
+            {
+                "namespace": TRAINING_NS,
+                "pod": SIDECAR_POD,
+                "container": "gpu-exporter",
+                "endpoint": "gpu-metrics",
+                "node": SIDECAR_NODE,
+            },
+            relabel=PODMONITOR_JOB_LABEL,
+        ),
+        _target(
+            f"podMonitor/{PODMONITOR_JOB}/0",
+            trainer_port,
+            "/metrics",
+            False,
+            {
+                "namespace": TRAINING_NS,
+                "pod": TRAINER_POD,
+                "container": "trainer",
+                "endpoint": "training-metrics",
+            },
+            relabel=PODMONITOR_JOB_LABEL,
+        ),
     ]
-    server = _ScrapingPrometheus(work, scrape, (ROOT / "deploy/prometheus/foxhunt-recording-rules.yaml",))
+    # the recording rules as `foxhunt-obs rules export` writes them from the catalog now
+    rules_file = work / "foxhunt-recording-rules.yaml"
+    rules_file.write_text(render(recording_rules(load_catalog(), NODE_LABELS)))
+    server = _ScrapingPrometheus(work, scrape, (rules_file,))
     server.start()
     client = PrometheusClient(server.url, timeout_s=10)
     try:
@@ -188,7 +277,17 @@ def scraped(tmp_path_factory):
         while time.monotonic() < deadline:  # every target scraped, the rules evaluated a few times
             up = client.query("count(up == 1)", time.time())
             rules = client.query("count(foxhunt:gpu_util:ratio)", time.time())
-            if up and up[0][1] == len(scrape) and rules and rules[0][1] >= 17:
+            training = client.query(
+                f'count(foxhunt:gpu_util:ratio{{node=~"{SIDECAR_NODE}|{TRAINER_NODE}"}})', time.time()
+            )
+            if (
+                up
+                and up[0][1] == len(scrape)
+                and rules
+                and rules[0][1] >= 17
+                and training
+                and training[0][1] == 4
+            ):
                 break
             time.sleep(0.5)
         # the 4 s window below must start after every target's first scrape: under load a window
@@ -205,7 +304,8 @@ def scraped(tmp_path_factory):
         yield table.to_pandas(), rules, nodes.to_pandas()
     finally:
         server.stop()
-        kill_group(exporter.pid, 10, exporter)
+        for process in (exporter, sidecar, trainer):
+            kill_group(process.pid, 10, process)
         pages.shutdown()
 
 
@@ -283,6 +383,39 @@ def test_foxhunt_exporter_as_its_servicemonitor_scrapes_it(scraped):
     assert len(ours) and set(ours["pod"]) == {""}
     assert set(ours["util_basis"]) == {"foxhunt_gpu_utilization_percent"}
     assert ours["mem_total_bytes"].gt(0).all()
+
+
+def _live_holders(rules, node: str) -> set[tuple[str, str, str]]:
+    return {
+        (x.get("namespace", ""), x.get("pod", ""), x.get("container", ""))
+        for x, _ in rules
+        if x.get("node") == node
+    }
+
+
+def test_sidecar_mode_gpus_are_held_by_the_training_pod(scraped):
+    """honorLabels true: the sidecar's series name the training pod, which is also its scrape target's pod
+    (on `up`); kube-state-metrics says that pod was given GPUs, so it holds them, in the trainer container."""
+    df, rules, _ = scraped
+    ours = df[df["node"] == SIDECAR_NODE]
+    assert ours["uuid"].nunique() == 2
+    assert set(zip(ours["namespace"], ours["pod"], ours["container"])) == {
+        (TRAINING_NS, SIDECAR_POD, "trainer")
+    }
+    assert _live_holders(rules, SIDECAR_NODE) == {(TRAINING_NS, SIDECAR_POD, "trainer")}
+
+
+def test_in_process_poller_gpus_are_held_by_the_training_pod(scraped):
+    """The trainers' library exposes no pod label: every label of its GPU series is the target's, as on
+    `up`; the pod's GPU limit makes it their holder."""
+    df, rules, _ = scraped
+    ours = df[df["node"] == TRAINER_NODE]
+    assert ours["uuid"].nunique() == 2
+    assert set(zip(ours["namespace"], ours["pod"], ours["container"])) == {
+        (TRAINING_NS, TRAINER_POD, "trainer")
+    }
+    assert ours["util"].notna().all()
+    assert _live_holders(rules, TRAINER_NODE) == {(TRAINING_NS, TRAINER_POD, "trainer")}
 
 
 def test_recording_rules_agree_with_the_ingest_on_holders(scraped):

@@ -23,6 +23,7 @@ from foxhunt_obs_tests.paths import REPO
 
 PACKAGE = REPO / "foxhunt_obs"
 READ_AT_LOAD = {"FOXHUNT_PARTITIONS_START"}  # partitions are built before any resource exists
+READ_BY_OTEL = {"OTEL_EXPORTER_OTLP_ENDPOINT"}  # the OTel SDK's own variable, read in every step process
 
 
 def test_every_setting_is_a_resource_field_with_the_registry_default():
@@ -32,7 +33,7 @@ def test_every_setting_is_a_resource_field_with_the_registry_default():
             bound.setdefault(name, []).append(f"{key}.{field}")
             assert cls.model_fields[field].default == SETTING[name].default, (key, field)
             assert name in cls.model_fields[field].description
-    assert set(bound) == {s.env for s in SETTINGS} - READ_AT_LOAD
+    assert set(bound) == {s.env for s in SETTINGS} - READ_AT_LOAD - READ_BY_OTEL
     # AWS's own region serves the lake's S3 and the AWS sources alike; the rest has one home (boto3
     # resolves AWS_ENDPOINT_URL[_<SERVICE>] for the sources itself: the aws resource leaves it unset)
     assert {n: f for n, f in bound.items() if len(f) > 1} == {
@@ -83,7 +84,8 @@ def test_values_given_explicitly_need_no_environment(monkeypatch):
 def test_lib_never_reads_the_environment():
     """Only defs/resources.py, defs/partitions.py (at load), the CLI and the sandbox read variables; lib/
     is handed values. (Redaction reads the secret variables' values to mask them: that is not config.)"""
-    allowed = {"lib/settings.py", "lib/redact.py", "lib/sources/mlflow.py"}  # mlflow: its retry bounds
+    # mlflow: its retry bounds; tracing: whether OTEL_EXPORTER_OTLP_ENDPOINT is set (the SDK reads the rest)
+    allowed = {"lib/settings.py", "lib/redact.py", "lib/sources/mlflow.py", "lib/tracing.py"}
     readers = []
     for path in sorted((PACKAGE / "lib").rglob("*.py")):
         rel = str(path.relative_to(PACKAGE))

@@ -103,6 +103,7 @@ def alert_sensor(
         budget_s=DELIVERY_BUDGET_S,
         source_budget_s=SOURCE_BUDGET_S,
         sink_budget_s=SINK_BUDGET_S,
+        links=alerting.links(),
     )
     if report.note:
         context.log.warning(f"alert state: {report.note}")
@@ -161,12 +162,14 @@ def _failed_runs(context: dg.SensorEvaluationContext, after: datetime) -> list:
             elif event.message:
                 texts.insert(0, event.message)
         updated = record.update_timestamp
+        started = record.start_time  # seconds since the epoch; None for a run that never started
         failed.append(
             FailedRun(
                 run_id=run.run_id,
                 job_name=run.job_name,
                 failed_at=updated.replace(tzinfo=timezone.utc) if updated.tzinfo is None else updated,
                 message="\n".join(texts) or "run failed",
+                started_at=datetime.fromtimestamp(started, timezone.utc) if started else None,
             )
         )
     return failed
@@ -199,6 +202,7 @@ def run_failure_alert(
         dagster_url=alerting.value("dagster_url"),
         budget_s=DELIVERY_BUDGET_S,
         sink_budget_s=SINK_BUDGET_S,
+        links=alerting.links(),
     )
     for sink, error in report.failed.items():
         context.log.error(f"run failure alert: {sink} refused, it gets the notice again next tick: {error}")

@@ -1,11 +1,19 @@
 """Utilization per dollar: the cost model applied per GPU-hour, per experiment and day, per MLflow run,
 and the weekly cost report (DESIGN §5)."""
 
+from datetime import datetime, timezone
+
 import dagster as dg
 
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.partitions import DAILY, WEEKLY, days_of
-from foxhunt_obs.defs.resources import CostsResource, LakeResource, ReportResource, SlackBotResource
+from foxhunt_obs.defs.resources import (
+    AlertingResource,
+    CostsResource,
+    LakeResource,
+    ReportResource,
+    SlackBotResource,
+)
 from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.names import CLUSTER_IDLE
 from foxhunt_obs.lib.tables import daily as tables
@@ -105,13 +113,33 @@ def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
     ),
 )
 def weekly_cost_report(
-    context: dg.AssetExecutionContext, lake: LakeResource, report: ReportResource, slack: SlackBotResource
+    context: dg.AssetExecutionContext,
+    lake: LakeResource,
+    report: ReportResource,
+    slack: SlackBotResource,
+    alerting: AlertingResource,
 ):
+    from foxhunt_obs.lib.report.model import ReportLinks
     from foxhunt_obs.lib.tables.weekly import weekly_cost_report as build
 
     week_start = context.partition_time_window.start.date()
+    # the report links to this run's trace (from the run's start) and its pods' logs, when the alerting
+    # resource's FOXHUNT_TRACE_URL_TEMPLATE / FOXHUNT_LOGS_URL_TEMPLATE are set
+    record = context.instance.get_run_record_by_id(context.run_id)
+    started = record.start_time if record is not None and record.start_time else None
+    links = ReportLinks(
+        templates=alerting.links(),
+        run_id=context.run_id,
+        run_started=datetime.fromtimestamp(started, timezone.utc) if started else datetime.now(timezone.utc),
+    )
     built = assetkit.build(
-        build, lake.lake(), week_start, report.basis(), report.delivery(), slack_client=slack.get_client
+        build,
+        lake.lake(),
+        week_start,
+        report.basis(),
+        report.delivery(),
+        slack_client=slack.get_client,
+        links=links,
     )
     if built.extra["delivery_error"]:
         context.log.error(

@@ -9,6 +9,7 @@ missing data) and the error is returned for the sensor's log.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import inspect
 import threading
@@ -19,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 
 import pandas as pd
 
+from foxhunt_obs.lib import tracing
 from foxhunt_obs.lib.alerts.evaluate import EVALUATORS, Finding, from_vector, mlflow_keys
 from foxhunt_obs.lib.alerts.rules import Rule
 from foxhunt_obs.lib.redact import scrub
@@ -58,10 +60,14 @@ def collect(
     enabled = [r for r in rules if r.enabled]
     readers: dict[str, Callable[[list[Rule], Evaluation], None]] = {
         "prometheus": lambda rs, ev: _prometheus(rs, sources, now, ev),
-        "mlflow": lambda rs, ev: _frame_rules(rs, _mlflow_frame(sources, now), now, ev),
-        "cloudwatch": lambda rs, ev: _frame_rules(rs, _fsx_frame(sources, now), now, ev),
+        "mlflow": lambda rs, ev: _frame_rules(rs, _frame("mlflow", _mlflow_frame, sources, now), now, ev),
+        "cloudwatch": lambda rs, ev: _frame_rules(
+            rs, _frame("cloudwatch", _fsx_frame, sources, now), now, ev
+        ),
         "lake": lambda rs, ev: _lake_rules(rs, sources, now, ev),
-        "ec2": lambda rs, ev: _frame_rules(rs, sources.ec2.frame(now), now, ev),
+        "ec2": lambda rs, ev: _frame_rules(
+            rs, _frame("ec2", lambda s, t: s.ec2.frame(t), sources, now), now, ev
+        ),
     }
     work = {}
     for source, read in readers.items():
@@ -79,8 +85,12 @@ def collect(
         if (earlier := _RUNNING.get(source)) is not None and earlier.is_alive():
             out.errors[source] = "its read of an earlier tick has not answered yet"
             continue
+        # in a copy of the caller's context: the rules' spans hang under the tick's (lib/tracing.py)
         threads[source] = _RUNNING[source] = threading.Thread(
-            target=_read, args=(read, mine, results, source), name=f"alert-source-{source}", daemon=True
+            target=contextvars.copy_context().run,
+            args=(_read, read, mine, results, source),
+            name=f"alert-source-{source}",
+            daemon=True,
         )
         threads[source].start()
     end = None if deadline_s is None else time.monotonic() + deadline_s
@@ -117,30 +127,51 @@ def _read(read, rules: list[Rule], results: dict, source: str) -> None:
 GPUS_PER_POD = 'count by (namespace, pod) (foxhunt:gpu_util:ratio{pod!=""})'
 
 
+def _rule_span(rule: Rule):
+    """One span per rule evaluated, a child of the tick's (its source's requests under it)."""
+    return tracing.span(
+        f"alert rule {rule.id}",
+        {"foxhunt.alert.rule": rule.id, tracing.SOURCE: rule.source, "foxhunt.alert.severity": rule.severity},
+    )
+
+
+def _frame(source: str, read, sources: Sources, now: datetime) -> pd.DataFrame:
+    """A source's frame, read once for all its rules, in a span of its own."""
+    with tracing.span(f"alert source {source}", {tracing.SOURCE: source}) as span:
+        frame = read(sources, now)
+        tracing.set_attributes(span, {tracing.ROWS: len(frame)})
+        return frame
+
+
 def _prometheus(rules: list[Rule], sources: Sources, now: datetime, out: Evaluation) -> None:
     client, at = sources.prometheus, now.timestamp()
     gpus: dict[tuple[str, str], float] | None = None
     for rule in rules:
-        samples = client.query(rule.expr(), at, what=f"alert rule {rule.id}")
-        vector = [{"metric": labels, "value": [at, str(value)]} for labels, value in samples]
-        findings = from_vector(rule, vector, now)
-        if findings and "{gpus" in rule.summary + rule.description:
-            if gpus is None:
-                gpus = {
-                    (m.get("namespace", ""), m.get("pod", "")): int(v)
-                    for m, v in client.query(GPUS_PER_POD, at, what="GPUs per pod")
-                }
-            for f in findings:
-                f.extra.setdefault(
-                    "gpus", gpus.get((f.labels.get("namespace", ""), f.labels.get("pod", "")), 0)
-                )
+        with _rule_span(rule) as span:
+            samples = client.query(rule.expr(), at, what=f"alert rule {rule.id}")
+            vector = [{"metric": labels, "value": [at, str(value)]} for labels, value in samples]
+            findings = from_vector(rule, vector, now)
+            if findings and "{gpus" in rule.summary + rule.description:
+                if gpus is None:
+                    gpus = {
+                        (m.get("namespace", ""), m.get("pod", "")): int(v)
+                        for m, v in client.query(GPUS_PER_POD, at, what="GPUs per pod")
+                    }
+                for f in findings:
+                    f.extra.setdefault(
+                        "gpus", gpus.get((f.labels.get("namespace", ""), f.labels.get("pod", "")), 0)
+                    )
+            tracing.set_attributes(span, {"foxhunt.alert.findings": len(findings)})
         out.findings += findings
         out.evaluated.add(rule.id)
 
 
 def _frame_rules(rules: list[Rule], frame: pd.DataFrame, now: datetime, out: Evaluation) -> None:
     for rule in rules:
-        out.findings += _call(rule, frame, now)
+        with _rule_span(rule) as span:
+            findings = _call(rule, frame, now)
+            tracing.set_attributes(span, {"foxhunt.alert.findings": len(findings)})
+        out.findings += findings
         out.evaluated.add(rule.id)
 
 
@@ -240,14 +271,18 @@ def _lake_rules(rules: list[Rule], sources: Sources, now: datetime, out: Evaluat
     for rule in rules:
         if rule.id not in frames:
             continue
-        frame = frames[rule.id]()
-        live = "source" in frame and bool((frame["source"] == "spend_now").any())
-        if rule.id == "budget_burn" and rule.budgets and not live:
-            # live budgets without a live figure: said every tick, and their alerts keep their state
-            out.errors[f"lake ({rule.id})"] = (
-                f"live budgets {sorted(rule.budgets)} not evaluated: spend_now has no refresh in the "
-                f"{SPEND_NOW_MAX_AGE} before {now:%Y-%m-%dT%H:%M}Z (turn spend_now_schedule on)"
-            )
-            continue
-        out.findings += _call(rule, frame, now)
+        with _rule_span(rule) as span:
+            frame = frames[rule.id]()
+            live = "source" in frame and bool((frame["source"] == "spend_now").any())
+            if rule.id == "budget_burn" and rule.budgets and not live:
+                # live budgets without a live figure: said every tick, and their alerts keep their state
+                out.errors[f"lake ({rule.id})"] = (
+                    f"live budgets {sorted(rule.budgets)} not evaluated: spend_now has no refresh in the "
+                    f"{SPEND_NOW_MAX_AGE} before {now:%Y-%m-%dT%H:%M}Z (turn spend_now_schedule on)"
+                )
+                tracing.set_attributes(span, {"foxhunt.alert.not_evaluated": out.errors[f"lake ({rule.id})"]})
+                continue
+            findings = _call(rule, frame, now)
+            tracing.set_attributes(span, {"foxhunt.alert.findings": len(findings)})
+        out.findings += findings
         out.evaluated.add(rule.id)

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from urllib.parse import quote
 
+from foxhunt_obs.lib import tracing
 from foxhunt_obs.lib.alerts import state as alert_state
 from foxhunt_obs.lib.alerts.collect import Sources, collect
 from foxhunt_obs.lib.alerts.rules import Rule
@@ -35,7 +36,9 @@ class TickReport:
     dropped: list[str] = field(default_factory=list)  # transitions a sink refused for PENDING_MAX
 
 
-def notification(rule: Rule, t: alert_state.Transition, dagster_url: str) -> Notification:
+def notification(
+    rule: Rule, t: alert_state.Transition, dagster_url: str, links: tracing.LinkTemplates | None = None
+) -> Notification:
     values = {**t.labels, **t.extra}
     return Notification(
         rule=rule.id,
@@ -49,6 +52,7 @@ def notification(rule: Rule, t: alert_state.Transition, dagster_url: str) -> Not
         starts_at=t.starts_at,
         ends_at=t.ends_at,
         generator_url=f"{dagster_url.rstrip('/')}/locations/foxhunt_obs/sensors/alert_sensor?rule={quote(rule.id)}",
+        links=(links or tracing.LinkTemplates()).pod_logs(t.labels, t.starts_at, t.ends_at),
     )
 
 
@@ -84,6 +88,7 @@ def tick(
     budget_s: float | None = None,
     source_budget_s: float | None = None,
     sink_budget_s: float | None = None,
+    links: tracing.LinkTemplates | None = None,
 ) -> tuple[str, TickReport]:
     """Returns the new cursor and what happened. Each sink gets each transition until it accepts it,
     and then never again; a transition leaves the cursor once every sink took it (a sink that is down
@@ -92,7 +97,32 @@ def tick(
     Deadlines, so the tick returns (and its cursor is saved) before the caller's own: the sources are
     read side by side for at most `source_budget_s` (a late one is not evaluated); a sink not yet tried
     `budget_s` after the tick started is left for the next tick; one sink's delivery is given up after
-    `sink_budget_s` (it gets the transitions again next tick)."""
+    `sink_budget_s` (it gets the transitions again next tick).
+
+    Traced (lib/tracing.py): the tick is a span, each rule evaluated a child of it."""
+    with tracing.span("alert tick", {"foxhunt.alert.at": now.isoformat()}) as span:
+        cursor, report = _tick(
+            rules, sources, sinks, cursor, now, dagster_url, budget_s, source_budget_s, sink_budget_s, links
+        )
+        if span.is_recording():
+            tracing.set_attributes(
+                span,
+                {
+                    "foxhunt.alert.rules_evaluated": len(report.evaluated),
+                    "foxhunt.alert.findings": report.findings,
+                    "foxhunt.alert.notified": len(report.sent),
+                },
+            )
+            for source, error in report.source_errors.items():  # a source not read: its rules unevaluated
+                span.add_event(
+                    "source not evaluated", {tracing.SOURCE: source, "message": tracing.clean(error)}
+                )
+            for sink, error in report.failed.items():
+                span.add_event("sink refused", {"foxhunt.alert.sink": sink, "message": tracing.clean(error)})
+        return cursor, report
+
+
+def _tick(rules, sources, sinks, cursor, now, dagster_url, budget_s, source_budget_s, sink_budget_s, links):
     started = time.monotonic()
     state_cursor, took, pending_since = _load(cursor)
     state = alert_state.loads(state_cursor)
@@ -105,7 +135,7 @@ def tick(
     )
     by_id = {r.id: r for r in rules}
     state, transitions = alert_state.step(state, evaluation.evaluated, evaluation.findings, now, rules=rules)
-    notes = [notification(by_id[t.rule], t, dagster_url) for t in transitions]
+    notes = [notification(by_id[t.rule], t, dagster_url, links) for t in transitions]
     keys = [transition_key(n) for n in notes]
     took = {k: took.get(k, []) for k in keys}  # transitions gone from the state are forgotten
     names = [sink.name for sink in sinks]
@@ -123,7 +153,7 @@ def tick(
     pending = {k: v for k, v in took.items() if not set(names) <= set(v)}
     if not out_of_time():
         report.refreshed = _refresh_alertmanager(
-            sinks, state, by_id, took, posted_now, dagster_url, sink_budget_s
+            sinks, state, by_id, took, posted_now, dagster_url, sink_budget_s, links
         )
     cursor_doc = {"state": alert_state.dumps(state), "took": pending, "pending_since": since}
     return json.dumps(cursor_doc, separators=(",", ":")), report
@@ -270,6 +300,7 @@ def _refresh_alertmanager(
     posted_now: set,
     dagster_url: str,
     timeout_s: float | None,
+    links: tracing.LinkTemplates | None = None,
 ) -> int:
     """Alertmanager expires a firing alert at its endsAt: like Prometheus, re-post every alert still
     firing that Alertmanager has taken, each tick, whatever the other sinks did (a webhook that refuses
@@ -293,6 +324,7 @@ def _refresh_alertmanager(
                 "firing", a.fingerprint, a.rule, a.labels, a.value, a.since, None, a.extra
             ),
             dagster_url,
+            links,
         )
         for a in alive
     ]

@@ -6,6 +6,9 @@ Why a polling sensor and not Dagster's run-failure sensor: a run-status sensor's
 even when the sensor raises, so a notice a sink refused was lost; and it only sees runs launched from its
 own code location, not `dagster job execute` runs. Here the cursor moves only when every sink took a
 notice (or it was dropped after PENDING_MAX, loudly).
+
+With FOXHUNT_TRACE_URL_TEMPLATE set, each notice links to the failed run's trace (its trace id is the run
+id, lib/tracing.py): Slack's "Run trace", the webhook's `links.trace`, Alertmanager's `trace_url`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from foxhunt_obs.lib.alerts.engine import TickReport, deliver, drop_stale, trans
 from foxhunt_obs.lib.delivery.alert_sinks import Notification, notification_dict
 from foxhunt_obs.lib.redact import scrub
 from foxhunt_obs.lib.settings import default
+from foxhunt_obs.lib.tracing import LinkTemplates
 
 RULE = "dagster_run_failed"
 FIRST_LOOKBACK = timedelta(hours=1)  # a sensor without a cursor reports the failures of the last hour
@@ -33,6 +37,8 @@ class FailedRun:
     job_name: str
     failed_at: datetime  # the run record's update time (aware UTC)
     message: str  # the run's failure, and its first failed step's error when there is one
+    started_at: datetime | None = None  # the run's start (aware UTC); None: never started (the trace link
+    # then opens at the failure)
 
 
 @dataclass
@@ -60,7 +66,9 @@ class Cursor:
         return json.dumps(doc, separators=(",", ":"))
 
 
-def notification(run: FailedRun, dagster_url: str) -> Notification:
+def notification(run: FailedRun, dagster_url: str, links: LinkTemplates | None = None) -> Notification:
+    """The notice of one failed run; with a trace template, a link to the run's trace over its lifetime."""
+    trace = (links or LinkTemplates()).run_trace(run.run_id, run.started_at or run.failed_at, run.failed_at)
     return Notification(
         rule=RULE,
         fingerprint=run.run_id,
@@ -75,6 +83,7 @@ def notification(run: FailedRun, dagster_url: str) -> Notification:
         starts_at=run.failed_at.replace(microsecond=run.failed_at.microsecond // 1000 * 1000),
         ends_at=None,
         generator_url=f"{dagster_url.rstrip('/')}/runs/{run.run_id}",
+        links=trace,
     )
 
 
@@ -91,6 +100,7 @@ def _from_dict(d: dict) -> Notification:
         starts_at=datetime.fromisoformat(d["starts_at"]),
         ends_at=None,
         generator_url=d["generator_url"],
+        links=dict(d.get("links") or {}),  # kept in the cursor: a notice sent again keeps its link
     )
 
 
@@ -102,9 +112,11 @@ def tick(
     dagster_url: str = default("FOXHUNT_DAGSTER_URL"),
     budget_s: float | None = None,
     sink_budget_s: float | None = None,
+    links: LinkTemplates | None = None,
 ) -> tuple[Cursor, TickReport]:
     """Adds the failed runs not seen before to the pending notices, sends each sink those it has not
-    taken, and returns the new cursor (the watermark moved to the newest failure) and what happened."""
+    taken, and returns the new cursor (the watermark moved to the newest failure) and what happened.
+    links: the trace URL template (AlertingResource.links()); none, no link."""
     started = time.monotonic()
     seen = list(cursor.seen)
     pending = dict(cursor.pending)
@@ -112,7 +124,7 @@ def tick(
         if run.run_id in seen:
             continue
         seen.append(run.run_id)
-        note = notification(run, dagster_url)
+        note = notification(run, dagster_url, links)
         pending[transition_key(note)] = {
             "note": notification_dict(note, now),
             "took": [],

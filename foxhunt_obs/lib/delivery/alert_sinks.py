@@ -78,7 +78,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from typing import Protocol
 
@@ -120,6 +120,8 @@ class Notification:
     starts_at: datetime
     ends_at: datetime | None  # set when resolved
     generator_url: str  # a link into the Dagster UI
+    # {"logs": url, "trace": url}: the pod's logs, the run's trace (lib/tracing.LinkTemplates); {} when unset
+    links: dict[str, str] = field(default_factory=dict)
 
 
 class AlertSinkError(RuntimeError):
@@ -231,6 +233,7 @@ def notification_dict(n: Notification, now: datetime | None = None) -> dict:
         "starts_at": _iso(n.starts_at),
         "ends_at": _iso(_ends(n, now or datetime.now(timezone.utc))) if n.status == RESOLVED else None,
         "generator_url": n.generator_url,
+        **({"links": dict(sorted(n.links.items()))} if n.links else {}),
     }
 
 
@@ -318,6 +321,8 @@ class AlertmanagerSink:
             alert["endsAt"] = _iso(max(now, _utc(n.starts_at)) + self.firing_ttl)
         if re.match(r"https?://", n.generator_url or ""):
             alert["generatorURL"] = n.generator_url
+        for kind, url in sorted(n.links.items()):  # logs_url, trace_url: annotations Alertmanager passes on
+            alert["annotations"][f"{kind}_url"] = url
         return alert
 
     def send(
@@ -385,7 +390,18 @@ def slack_alert_text(n: Notification, now: datetime | None = None) -> str:
             n.generator_url.replace("&", "&amp;").replace("<", "%3C").replace(">", "%3E").replace("|", "%7C")
         )
         lines.append(f"<{safe}|Open in Dagster>")
+    for kind, url in sorted(n.links.items()):
+        if re.match(r"https?://", url):
+            lines.append(f"<{_slack_url(url)}|{_LINK_TEXT.get(kind, kind)}>")
     return "\n".join(lines)
+
+
+_LINK_TEXT = {"logs": "Pod logs", "trace": "Run trace"}
+
+
+def _slack_url(url: str) -> str:
+    """A URL inside Slack's <url|text>: its &, <, > and | escaped as Slack's mrkdwn wants."""
+    return url.replace("&", "&amp;").replace("<", "%3C").replace(">", "%3E").replace("|", "%7C")
 
 
 class SlackAlertSink:

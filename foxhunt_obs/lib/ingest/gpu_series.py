@@ -73,7 +73,11 @@ def collect_gpu_samples(
     """gpu_samples rows for the window. `columns` limits which canonical metrics are fetched;
     `run_id_label`: a pod label carrying the MLflow run id (kube_pod_labels), '' for none."""
     wanted = [m for m in catalog.gpu_metrics if columns is None or m.column in columns]
-    targets = ScrapeTargets(scrape_target_pods(client, window), frozenset(exporter_containers))
+    targets = ScrapeTargets(
+        scrape_target_pods(client, window),
+        frozenset(exporter_containers),
+        gpu_containers(client, catalog, window),
+    )
     grid = _Grid(window, node_names_by_ip(client, catalog, window))
     for metric in wanted:
         # Last-listed source first, so the first-listed one wins where several report.
@@ -117,6 +121,24 @@ def scrape_target_pods(client: PrometheusClient, window: Window) -> frozenset[tu
     q = f'max by ({by}) (last_over_time(up{{pod!=""}}[{window.lookback}]))'
     return frozenset(
         (x.get("job", ""), x.get("instance", ""), x.get("namespace", ""), x["pod"])
+        for x, _ in client.query(q, window.end, window.label)
+        if x.get("pod")
+    )
+
+
+def gpu_containers(
+    client: PrometheusClient, catalog: Catalog, window: Window
+) -> frozenset[tuple[str, str, str]]:
+    """(namespace, pod, container) of every container given GPUs in the window, from kube-state-metrics'
+    limits (catalog kube.gpu_limits): such a container holds the GPUs it reports on itself (ScrapeTargets).
+    A limit seen up to kube.gpu_limits_lookback_s before the window's start counts, as in the recording
+    rules (last_over_time over the same look-back)."""
+    k = catalog.kube
+    limits = f'{k["gpu_limits"]}{{resource=~"{k["gpu_resource_regex"]}"}}'
+    lookback = f"{round(window.end - window.start) + int(k['gpu_limits_lookback_s'])}s"
+    q = f"max by (namespace, pod, container) (last_over_time({limits}[{lookback}]) > 0)"
+    return frozenset(
+        (x.get("namespace", ""), x["pod"], x.get("container", ""))
         for x, _ in client.query(q, window.end, window.label)
         if x.get("pod")
     )

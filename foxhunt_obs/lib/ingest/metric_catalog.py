@@ -155,7 +155,14 @@ class ScrapeTargets:
     yields, `up` included. With honor_labels off the exporter's own `pod` label is renamed exported_pod, so
     the plain `pod` is always the target's; with honor_labels on the exporter's label wins, and a series
     without one (an unheld GPU) keeps the target's. Either way a series whose holder is its own target's
-    pod — the pod `up{job, instance}` carries — is a GPU that no pod holds.
+    pod — the pod `up{job, instance}` carries — is a GPU that no pod holds, unless the container the series
+    names was given GPUs (`gpu_containers`, from kube-state-metrics' GPU limits): an exporter container
+    never is, even in a pod whose other container is, while a training container that reports its own GPUs
+    is their holder. Labels alone cannot tell the two apart: the trainers' in-process poller exposes no pod
+    label, so its series carry exactly `up`'s pod and container (the trainer's), as an unheld GPU's do
+    under dcgm-exporter (the exporter's); our exporter's sidecar mode names the training pod, its target's
+    pod too, and the training container. Without kube-state-metrics' limits (`gpu_containers` empty) such
+    GPUs count as held by no pod.
 
     `containers`: FOXHUNT_EXPORTER_CONTAINERS, for scrape setups whose `up` does not carry the target's
     pod (static configs, federation): a series whose plain `container` is one of them keeps none of its
@@ -163,6 +170,7 @@ class ScrapeTargets:
 
     pods: frozenset[tuple[str, str, str, str]] = frozenset()  # (job, instance, namespace, pod)
     containers: frozenset[str] = frozenset()
+    gpu_containers: frozenset[tuple[str, str, str]] = frozenset()  # (namespace, pod, container) given GPUs
 
     def holder(self, labels: dict[str, str], catalog: Catalog) -> tuple[str, str, str]:
         """(namespace, pod, container) of the pod holding the series' GPU; ('', '', '') for none."""
@@ -171,7 +179,8 @@ class ScrapeTargets:
         if self.containers and labels.get("container") in self.containers:
             held = {k: v for k, v in labels.items() if k not in HOLDER_LABELS}
         ns, pod, container = (first_label(held, lab[k]) for k in HOLDER_LABELS)
-        if pod and (labels.get("job", ""), labels.get("instance", ""), ns, pod) in self.pods:
+        own_target = (labels.get("job", ""), labels.get("instance", ""), ns, pod) in self.pods
+        if pod and own_target and (ns, pod, container) not in self.gpu_containers:
             return "", "", ""
         return ns, pod, container
 

@@ -8,7 +8,9 @@ Dashboards and alert rules query these names, so an exporter rename is a catalog
 
 The holder follows the ingest's rule (catalog.ScrapeTargets): a series whose pod is its own scrape
 target's — the pod on `up` of the same job and instance — is a GPU no pod holds, so its pod, namespace and
-container are blanked. A MIG slice keeps its gpu_instance/gpu_profile labels: a series of its own.
+container are blanked, unless kube-state-metrics says the container the series names was given GPUs (a
+training container reporting its own). A MIG slice keeps its gpu_instance/gpu_profile labels: a series of
+its own.
 """
 
 from __future__ import annotations
@@ -66,13 +68,19 @@ def _aside(label: str) -> str:
     return f"foxhunt_original_{label}"  # dropped again by the `max by` around each source
 
 
-def _unheld_when_own_target(expr: str) -> str:
-    """expr with pod, namespace and container blanked on series whose pod is their scrape target's."""
-    target = f'on ({", ".join((*TARGET_LABELS, "namespace", "pod"))}) up{{pod!=""}}'
-    blanked = f"({expr} and {target})"
+def _unheld_when_own_target(expr: str, catalog: Catalog) -> str:
+    """expr with pod, namespace and container blanked on series whose pod is their scrape target's, unless
+    the container the series names was given GPUs (catalog kube.gpu_limits) within the look-back the
+    ingest uses too (kube.gpu_limits_lookback_s): an exporter container beside a trainer holds nothing."""
+    k = catalog.kube
+    limits = f'{k["gpu_limits"]}{{resource=~"{k["gpu_resource_regex"]}"}}'
+    given = f"last_over_time({limits}[{int(k['gpu_limits_lookback_s'])}s]) > 0"
+    own = f'{expr} and on ({", ".join((*TARGET_LABELS, "namespace", "pod"))}) up{{pod!=""}}'
+    unheld = f"(({own}) unless on ({', '.join(HOLDER_LABELS)}) ({given}))"
+    blanked = unheld
     for label in ("pod", "namespace", "container"):
         blanked = f'label_replace({blanked}, "{label}", "", "{label}", ".*")'
-    return f"({expr} unless {target}) or {blanked}"
+    return f"({expr} unless {unheld}) or {blanked}"
 
 
 def _source_term(
@@ -80,7 +88,7 @@ def _source_term(
 ) -> str:
     scaled = source.name if source.scale == 1 else f"{source.name} * {source.scale!r}"
     normalised = _normalised(scaled, catalog, node_labels, exporter_containers)
-    return f"max by ({', '.join(CANONICAL_LABELS)}) ({_unheld_when_own_target(normalised)})"
+    return f"max by ({', '.join(CANONICAL_LABELS)}) ({_unheld_when_own_target(normalised, catalog)})"
 
 
 def metric_rule(

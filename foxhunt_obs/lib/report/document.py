@@ -29,7 +29,9 @@ from foxhunt_obs.lib.report.model import (
     Bullets,
     Heading,
     Image,
+    Link,
     Para,
+    ReportLinks,
     Span,
     Stat,
     Stats,
@@ -62,6 +64,7 @@ def document(
     blocks: list = [
         Heading(1, title),
         _p(f"{week_start:%a %Y-%m-%d} 00:00 UTC to {week_end:%a %Y-%m-%d} 00:00 UTC.", note=True),
+        *_run_trace(data.links),
         Heading(2, "Headline"),
         _headline(figures, data.activity_basis),
         *_reconciliation(figures, data.totals),
@@ -77,7 +80,7 @@ def document(
         Heading(2, "Charts"),
         *(Image(name, CHART_TITLES.get(name, name)) for name in charts),
         Heading(2, "The five biggest wastes"),
-        *_wastes(data.wastes),
+        *_wastes(data.wastes, data.links, week_start),
         Heading(2, "Outcome per dollar"),
         *_outcomes(data.outcomes),
         Heading(2, "Alerts"),
@@ -294,9 +297,29 @@ def _experiment_table(e: pd.DataFrame) -> Table:
     )
 
 
-def _wastes(w: pd.DataFrame) -> list:
+def _run_trace(links: ReportLinks) -> list:
+    url = links.run_trace()
+    if not url:
+        return []
+    return [_p("Built by Dagster run ", links.run_id, ": ", Span("its trace", href=url), ".", note=True)]
+
+
+def _text_or_empty(value) -> str:
+    """A name from a frame: "" for a missing one (None, NaN), never the text "nan"."""
+    return value if isinstance(value, str) else ""
+
+
+def _wastes(w: pd.DataFrame, links: ReportLinks | None = None, week_start: date | None = None) -> list:
+    """The five biggest wastes; with a logs template, a column linking each pod to its logs of the week."""
     if w.empty:
         return [_p("No GPU was held idle this week.")]
+    top = w.head(5)
+    logs = [
+        links.week_logs(_text_or_empty(getattr(r, "namespace", "")), _text_or_empty(r.pod), week_start)
+        if links and week_start
+        else ""
+        for r in top.itertuples(index=False)
+    ]
     rows = tuple(
         (
             plain_text(f"{r.namespace}/{r.pod}" if getattr(r, "namespace", "") else r.pod),
@@ -306,15 +329,18 @@ def _wastes(w: pd.DataFrame) -> list:
             number(r.held_gpu_hours),
             util(r.mean_util),
             money(r.idle_usd),
+            *((Link("week's logs", url) if url else "",) if any(logs) else ()),
         )
-        for r in w.head(5).itertuples(index=False)
+        for r, url in zip(top.itertuples(index=False), logs)
     )
+    columns = ("Pod", "Experiment", "Node", "GPUs", "Held GPU-hours", "Mean util", "Idle $")
+    numeric = (False, False, False, True, True, True, True)
     return [
         _p("GPUs that pods held but did not use, by pod: the idle dollars they cost."),
         Table(
-            columns=("Pod", "Experiment", "Node", "GPUs", "Held GPU-hours", "Mean util", "Idle $"),
+            columns=columns + (("Logs",) if any(logs) else ()),
             rows=rows,
-            numeric=(False, False, False, True, True, True, True),
+            numeric=numeric + ((False,) if any(logs) else ()),
         ),
     ]
 

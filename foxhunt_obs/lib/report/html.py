@@ -1,13 +1,14 @@
 """The weekly report as one self-contained HTML page. It needs nothing from the network and runs no script
 (its Content Security Policy forbids both): the CSS is inline, the charts are data: URIs, and every string
-from data is escaped, so the page is safe to open wherever it is sent."""
+from data is escaped, so the page is safe to open wherever it is sent. Its only links (the run's trace, a
+pod's logs, when their templates are set) open when clicked."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from html import escape
 
-from foxhunt_obs.lib.report.model import Bullets, Heading, Image, Para, Span, Stats, Table, data_uri
+from foxhunt_obs.lib.report.model import Bullets, Heading, Image, Link, Para, Span, Stats, Table, data_uri
 
 CSS = """
 :root { color-scheme: light; }
@@ -56,14 +57,24 @@ def _h(text: str) -> str:
     return escape(str(text), quote=True)
 
 
+def _a(text: str, href: str) -> str:
+    return f'<a href="{_h(href)}">{_h(text)}</a>' if href else _h(text)
+
+
 def _html_spans(spans: Iterable[Span]) -> str:
-    return "".join(f"<strong>{_h(s.text)}</strong>" if s.strong else _h(s.text) for s in spans)
+    return "".join(
+        f"<strong>{_a(s.text, s.href)}</strong>" if s.strong else _a(s.text, s.href) for s in spans
+    )
+
+
+def _cell(c: str | Link) -> str:
+    return _a(c.text, c.href) if isinstance(c, Link) else _h(c)
 
 
 def _html_table(t: Table) -> str:
     def cells(row: Sequence[str], tag: str) -> str:
         return "".join(
-            f'<{tag} class="num">{_h(c)}</{tag}>' if num else f"<{tag}>{_h(c)}</{tag}>"
+            f'<{tag} class="num">{_cell(c)}</{tag}>' if num else f"<{tag}>{_cell(c)}</{tag}>"
             for c, num in zip(row, t.numeric)
         )
 

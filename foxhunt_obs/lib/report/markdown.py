@@ -7,10 +7,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from html import escape
+from urllib.parse import quote
 
 import pandas as pd
 
-from foxhunt_obs.lib.report.model import Bullets, Heading, Image, Para, Span, Stats, Table, data_uri
+from foxhunt_obs.lib.report.model import Bullets, Heading, Image, Link, Para, Span, Stats, Table, data_uri
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#~!])")
 
@@ -22,12 +23,30 @@ def md_escape(text: str) -> str:
     return escape(_MD_SPECIAL.sub(r"\\\1", text), quote=False)
 
 
+_URL_UNSAFE = re.compile(r"[\s<>()\[\]`|\\\"]")
+
+
+def md_link(text: str, url: str) -> str:
+    """[text](url): the text escaped like any other, and every character that could end the URL early, or a
+    table cell, percent-encoded (the configured templates are URLs; a value filled in is encoded already)."""
+    return f"[{md_escape(text)}]({_URL_UNSAFE.sub(lambda m: quote(m.group(), safe=''), url)})"
+
+
+def _md_span(s: Span) -> str:
+    text = md_link(s.text, s.href) if s.href else md_escape(s.text)
+    return f"**{text}**" if s.strong else text
+
+
 def _md_spans(spans: Iterable[Span]) -> str:
-    return "".join(f"**{md_escape(s.text)}**" if s.strong else md_escape(s.text) for s in spans)
+    return "".join(_md_span(s) for s in spans)
+
+
+def _md_cell(c: str | Link) -> str:
+    return md_link(c.text, c.href) if isinstance(c, Link) else md_escape(c)
 
 
 def _md_table(t: Table) -> str:
-    rows = [tuple(md_escape(c) for c in row) for row in t.rows]
+    rows = [tuple(_md_cell(c) for c in row) for row in t.rows]
     if t.total is not None:
         rows.append(tuple(f"**{md_escape(c)}**" if c else "" for c in t.total))
     frame = pd.DataFrame(rows, columns=[md_escape(c) for c in t.columns])

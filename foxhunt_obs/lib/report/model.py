@@ -7,13 +7,15 @@ written as Markdown and as HTML, so the two renderings never disagree: a rendere
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import date, datetime, time, timedelta, timezone
 
 import pandas as pd
 
 from foxhunt_obs.lib.names import CLUSTER_IDLE, SHARED_COST_POLICY, UNATTRIBUTED
 from foxhunt_obs.lib.settings import default
+from foxhunt_obs.lib.tracing import LinkTemplates
 
 COST_POLICY = f"""\
 How the dollars in this report are computed (the cost model):
@@ -42,6 +44,32 @@ OUTCOME_COLUMNS = (
 ALERT_COLUMNS = ("rule", "severity", "fired_at", "resolved_at", "summary")
 
 
+@dataclass(frozen=True)
+class ReportLinks:
+    """Where the report links beyond itself: the trace of the Dagster run that built it, and each pod it
+    names to that pod's logs over the week (FOXHUNT_TRACE_URL_TEMPLATE and FOXHUNT_LOGS_URL_TEMPLATE, filled
+    by lib/tracing.LinkTemplates). No template, no run id or a URL that is not http(s): no link."""
+
+    templates: LinkTemplates = field(default_factory=LinkTemplates)
+    run_id: str = ""
+    run_started: datetime | None = None  # the trace link opens here and ends "now" (the report is rendered
+    # while its run still goes on)
+
+    def run_trace(self) -> str:
+        if not (self.run_id and self.run_started):
+            return ""
+        return _web(self.templates.run_trace(self.run_id, self.run_started, None).get("trace", ""))
+
+    def week_logs(self, namespace: str, pod: str, week_start: date) -> str:
+        start = datetime.combine(week_start, time(), tzinfo=timezone.utc)
+        urls = self.templates.logs_between(namespace, pod, start, start + timedelta(days=7))
+        return _web(urls.get("logs", ""))
+
+
+def _web(url: str) -> str:
+    return url if re.match(r"https?://", url) else ""
+
+
 class ReportDataError(ValueError):
     """The report's input frames do not fit the contract; the message names the frame and the columns."""
 
@@ -65,6 +93,7 @@ class WeeklyReportData:
     alerts: pd.DataFrame | None
     cost_policy: str | None = None
     activity_basis: str = default("FOXHUNT_ACTIVITY_BASIS")  # the headline's basis: util or sm
+    links: ReportLinks = field(default_factory=ReportLinks)  # none by default
 
 
 @dataclass
@@ -115,6 +144,15 @@ def check_input(data: WeeklyReportData) -> date:
 class Span:
     text: str
     strong: bool = False
+    href: str = ""  # an http(s) URL: the text links there
+
+
+@dataclass(frozen=True)
+class Link:
+    """A table cell that links to an http(s) URL (a pod's logs)."""
+
+    text: str
+    href: str
 
 
 @dataclass(frozen=True)
@@ -149,7 +187,7 @@ class Stats:
 @dataclass(frozen=True)
 class Table:
     columns: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
+    rows: tuple[tuple[str | Link, ...], ...]
     numeric: tuple[bool, ...]  # right-aligned columns
     total: tuple[str, ...] | None = None  # a bold last row
 

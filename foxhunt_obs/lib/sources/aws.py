@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from foxhunt_obs.lib import tracing
+
 RETRY_MODES = ("standard", "adaptive")
 
 
@@ -61,7 +63,75 @@ class AwsConfig:
         kwargs: dict[str, Any] = {"use_ssl": self.use_ssl, "verify": self.verify, "config": config}
         if self.endpoint_url:
             kwargs["endpoint_url"] = self.endpoint_url
-        return session.client(service, **kwargs)
+        client = session.client(service, **kwargs)
+        if tracing.enabled():
+            _trace(client)
+        return client
+
+
+# -- one span per API call (lib/tracing.py), by botocore's own events: before-call starts it (retries
+# included), after-call or after-call-error ends it. Names and attributes after OpenTelemetry's AWS SDK
+# conventions (https://opentelemetry.io/docs/specs/semconv/cloud-providers/aws-sdk/): span
+# `Service.Operation`, rpc.system aws-api, rpc.service, rpc.method, aws.request_id.
+_SPAN = "foxhunt_span"  # the key of the call's span in botocore's per-call request context
+
+
+def _trace(client: Any) -> None:
+    events = client.meta.events
+    events.register("before-call", _span_start, unique_id="foxhunt-trace-start")
+    events.register("after-call", _span_end, unique_id="foxhunt-trace-end")
+    events.register("after-call-error", _span_error, unique_id="foxhunt-trace-error")
+
+
+def _span_start(model, params, context, **_) -> None:
+    service = model.service_model.service_id
+    attributes = {
+        **tracing.http_attributes(params.get("method", "POST"), params.get("url", "")),
+        tracing.RPC_SYSTEM: "aws-api",
+        tracing.RPC_SERVICE: str(service),
+        tracing.RPC_METHOD: model.name,
+        tracing.SOURCE: f"aws {service.hyphenize()}",
+    }
+    span = tracing.tracer().start_span(f"{service}.{model.name}", kind=tracing.CLIENT)
+    tracing.set_attributes(span, attributes)
+    context[_SPAN] = span
+
+
+def _span_end(http_response, parsed, context, **_) -> None:
+    span = context.pop(_SPAN, None)
+    if span is None:
+        return
+    meta = parsed.get("ResponseMetadata", {}) if isinstance(parsed, dict) else {}
+    size = http_response.headers.get("content-length")
+    tracing.set_attributes(
+        span,
+        {
+            tracing.HTTP_STATUS: http_response.status_code,
+            tracing.AWS_REQUEST_ID: meta.get("RequestId"),
+            tracing.HTTP_RESEND_COUNT: meta.get("RetryAttempts"),
+            tracing.RESPONSE_BYTES: int(size) if size and size.isdigit() else None,
+            # the items of the answer's lists (MetricDataResults, FileSystems, ResultsByTime, ...)
+            tracing.ROWS: sum(len(v) for v in parsed.values() if isinstance(v, list))
+            if isinstance(parsed, dict)
+            else None,
+        },
+    )
+    if http_response.status_code >= 300:
+        error = parsed.get("Error", {}) if isinstance(parsed, dict) else {}
+        code = str(error.get("Code") or f"HTTP {http_response.status_code}")
+        tracing.record_error(span, _AwsError(f"{code}: {error.get('Message', '')}"), code)
+    span.end()
+
+
+def _span_error(exception, context, **_) -> None:
+    span = context.pop(_SPAN, None)
+    if span is not None:
+        tracing.record_error(span, exception)
+        span.end()
+
+
+class _AwsError(Exception):
+    """An error answer of an AWS API (botocore raises its own once the span has ended)."""
 
 
 _SERVICES_FILE = Path(__file__).resolve().parents[2] / "data" / "aws_services.yaml"

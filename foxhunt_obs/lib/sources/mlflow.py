@@ -19,6 +19,7 @@ a key the run listed is checked with `runs/get`, which says 404 RESOURCE_DOES_NO
 from __future__ import annotations
 
 import base64
+import contextvars
 import json
 import math
 import os
@@ -36,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import requests
 
+from foxhunt_obs.lib import tracing
 from foxhunt_obs.lib.redact import redact_url, remember, scrub
 
 # Databricks rejects get-history pages above 25,000; the OSS server takes any size (1e10 tried) but
@@ -265,7 +267,8 @@ class MlflowSource:
                 os.environ.setdefault(k, bounds[k])
                 _ENV_OURS[k] = _ENV_OURS.get(k, 0) + 1
         try:
-            yield
+            with self._span(f"MlflowClient {call.split(' page ')[0]}", call, None, self.tracking_uri):
+                yield
         except MlflowException as e:
             raise self._error(call, _mlflow_text(e)) from None
         except requests.RequestException as e:
@@ -334,7 +337,8 @@ class MlflowSource:
         if not items:
             return []
         with ThreadPoolExecutor(self.workers, thread_name_prefix="mlflow-history") as ex:
-            futures = [ex.submit(fn, item) for item in items]
+            # each task in a copy of the caller's context: its request spans stay in the caller's trace
+            futures = [ex.submit(contextvars.copy_context().run, fn, item) for item in items]
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for f in pending:
                 f.cancel()
@@ -414,7 +418,20 @@ class MlflowSource:
         except (TypeError, ValueError, OverflowError) as e:
             raise self._error(f"get-history run={run_id} key={key}", f"unreadable point: {e}") from None
 
+    def _span(self, name: str, call: str, method: str | None, url: str):
+        """The span of one call (lib/tracing.py): the HTTP conventions' attributes and the call's text."""
+        attributes = {**tracing.http_attributes(method, url), tracing.SOURCE: "mlflow", tracing.QUERY: call}
+        return tracing.span(name, attributes, kind=tracing.CLIENT)
+
     def _get(self, s: requests.Session, path: str, params: dict, call: str) -> dict:
+        with self._span(f"GET {path}", call, "GET", self.tracking_uri + path) as span:
+            body = self._get_traced(s, path, params, call, span)
+            if span.is_recording():
+                rows = sum(len(v) for v in body.values() if isinstance(v, list))
+                span.set_attribute(tracing.ROWS, rows)
+            return body
+
+    def _get_traced(self, s: requests.Session, path: str, params: dict, call: str, span) -> dict:
         delay = 0.5
         for attempt in range(1, self.retries + 1):
             try:
@@ -425,6 +442,14 @@ class MlflowSource:
                         call, f"no answer after {attempt} tries: {type(e).__name__}: {e}"
                     ) from None
             else:
+                if span.is_recording():
+                    span.set_attributes(
+                        {
+                            tracing.HTTP_STATUS: r.status_code,
+                            tracing.HTTP_RESEND_COUNT: attempt - 1,
+                            tracing.RESPONSE_BYTES: len(r.content),
+                        }
+                    )
                 if r.status_code == 200:
                     try:
                         return json.loads(r.content)
@@ -470,22 +495,30 @@ class MlflowSource:
         import sqlalchemy as sa
 
         engine = self._engine_or_open()
+        attributes = {tracing.SOURCE: "mlflow", tracing.QUERY: call, "db.system.name": engine.dialect.name}
         try:
-            if not raw:
-                with engine.connect() as con:
-                    return con.execute(query).all()
-            c = query.compile(dialect=engine.dialect, compile_kwargs={"render_postcompile": True})
-            params = [c.params[n] for n in c.positiontup] if c.positional else c.params
-            con = engine.raw_connection()
-            try:
-                cur = con.cursor()
-                cur.execute(c.string, params)
-                return cur.fetchall()
-            finally:
-                con.close()
+            with tracing.span(f"SELECT {call}", attributes, kind=tracing.CLIENT) as span:
+                rows = self._sql_rows(engine, query, raw)
+                tracing.set_attributes(span, {tracing.ROWS: len(rows)})
+                return rows
         except (sa.exc.SQLAlchemyError, engine.dialect.loaded_dbapi.Error) as e:
             text = str(getattr(e, "orig", None) or e).splitlines()[0]
             raise MlflowSourceError(f"MLflow store {self._where()}: {call}: {scrub(text)}") from None
+
+    @staticmethod
+    def _sql_rows(engine, query, raw: bool) -> list[tuple]:
+        if not raw:
+            with engine.connect() as con:
+                return con.execute(query).all()
+        c = query.compile(dialect=engine.dialect, compile_kwargs={"render_postcompile": True})
+        params = [c.params[n] for n in c.positiontup] if c.positional else c.params
+        con = engine.raw_connection()
+        try:
+            cur = con.cursor()
+            cur.execute(c.string, params)
+            return cur.fetchall()
+        finally:
+            con.close()
 
     def _sql_in(
         self,

@@ -28,6 +28,7 @@ import pyarrow.csv as pacsv
 import requests
 import urllib3
 
+from foxhunt_obs.lib import tracing
 from foxhunt_obs.lib.redact import redact_url, remember, scrub, split_userinfo
 
 _RETRY_STATUS = {502, 503, 504}  # a proxy's bad gateway / gateway timeout, an overloaded Prometheus
@@ -281,10 +282,31 @@ class PrometheusClient:
         self._headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
 
     # -- requests with a total deadline ------------------------------------------------------------
-    def _send(self, path: str, params: dict, on_chunk, describe) -> None:
+    def _span(self, path: str, query: str, **window: object):
+        """The span of one request (lib/tracing.py): the HTTP client conventions' attributes, the query
+        and its window; `_send` adds the status and bytes, the caller the rows it parsed."""
+        return tracing.span(
+            f"POST {path}",
+            {
+                **tracing.http_attributes("POST", f"{self.url}{path}"),
+                tracing.SOURCE: "prometheus",
+                tracing.QUERY: query,
+                **{f"foxhunt.{k}": v for k, v in window.items()},
+            },
+            kind=tracing.CLIENT,
+        )
+
+    def _send(self, path: str, params: dict, on_chunk, describe, span=tracing.NO_SPAN) -> None:
         """POST `params` to `path` and hand the body to `on_chunk` as it arrives, all of it (every retry
         included) within timeout_s; 502/503/504 and connection errors are retried while time is left.
-        `describe(text)` builds the error."""
+        `describe(text)` builds the error. `span`: the request's span, given its status and bytes."""
+        if span.is_recording():
+            received, feed = [0], on_chunk
+
+            def on_chunk(chunk: bytes) -> None:
+                received[0] += len(chunk)
+                feed(chunk)
+
         delay = 0.5
         deadline = time.monotonic() + self.timeout_s
         for attempt in range(1, self.retries + 1):
@@ -310,8 +332,16 @@ class PrometheusClient:
                     raise describe(f"cannot connect after {attempt} tries: {scrub(str(e))}") from None
             else:
                 with r:
+                    if span.is_recording():
+                        span.set_attributes(
+                            {tracing.HTTP_STATUS: r.status_code, tracing.HTTP_RESEND_COUNT: attempt - 1}
+                        )
                     if r.status_code == 200:
-                        self._read(r, deadline, on_chunk, describe)
+                        try:
+                            self._read(r, deadline, on_chunk, describe)
+                        finally:
+                            if span.is_recording():
+                                span.set_attribute(tracing.RESPONSE_BYTES, received[0])
                         return
                     last = attempt == self.retries or time.monotonic() + delay >= deadline
                     if r.status_code not in _RETRY_STATUS or last:
@@ -354,19 +384,23 @@ class PrometheusClient:
             )
 
         body = bytearray()
-        self._send("/api/v1/query", {"query": query, "time": f"{at:.3f}"}, body.extend, describe)
-        try:
-            doc = json.loads(body)
-            if doc.get("status") != "success":
-                raise ValueError(f"status {doc.get('status')!r}: {doc.get('error', '')}")
-            data = doc["data"]
-            if data["resultType"] == "scalar":
-                return [({}, float(data["result"][1]))]
-            if data["resultType"] != "vector":
-                raise ValueError(f"not a vector result: {data['resultType']!r}")
-            return [(r["metric"], float(r["value"][1])) for r in data["result"]]
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise describe(f"unreadable answer: {e} ({bytes(body[:200])!r})") from None
+        with self._span("/api/v1/query", query, time=iso(at), purpose=what or None) as span:
+            self._send("/api/v1/query", {"query": query, "time": f"{at:.3f}"}, body.extend, describe, span)
+            try:
+                doc = json.loads(body)
+                if doc.get("status") != "success":
+                    raise ValueError(f"status {doc.get('status')!r}: {doc.get('error', '')}")
+                data = doc["data"]
+                if data["resultType"] == "scalar":
+                    samples = [({}, float(data["result"][1]))]
+                elif data["resultType"] != "vector":
+                    raise ValueError(f"not a vector result: {data['resultType']!r}")
+                else:
+                    samples = [(r["metric"], float(r["value"][1])) for r in data["result"]]
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                raise describe(f"unreadable answer: {e} ({bytes(body[:200])!r})") from None
+            tracing.set_attributes(span, {tracing.ROWS: len(samples)})
+            return samples
 
     # -- fast path ---------------------------------------------------------------------------------
     def query_range(self, query: str, start: float, end: float, step: float, what: str = "") -> RangeResult:
@@ -380,25 +414,39 @@ class PrometheusClient:
     def fetch_range_body(self, query: str, start: float, end: float, step: float, what: str = "") -> bytes:
         """The raw answer of one query_range request (no chunking)."""
         body = bytearray()
-        self._send_range(query, start, end, step, what, body.extend)
+        with self._range_span(query, start, end, step, what) as span:
+            self._send_range(query, start, end, step, what, body.extend, span)
         return bytes(body)
 
-    def _send_range(self, query: str, start: float, end: float, step: float, what: str, on_chunk) -> None:
+    def _range_span(self, query: str, start: float, end: float, step: float, what: str):
+        return self._span(
+            "/api/v1/query_range", query, start=iso(start), end=iso(end), step_s=step, purpose=what or None
+        )
+
+    def _send_range(
+        self, query: str, start: float, end: float, step: float, what: str, on_chunk, span
+    ) -> None:
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
         self._send(
             "/api/v1/query_range",
             params,
             on_chunk,
             lambda text: self._error(query, start, end, step, what, text),
+            span,
         )
 
     def _range_chunk(self, query: str, start: float, end: float, step: float, what: str) -> RangeResult:
         parser = MatrixParser()
-        self._send_range(query, start, end, step, what, parser.feed)
-        try:
-            return parser.finish()
-        except ValueError as e:
-            raise self._error(query, start, end, step, what, f"unreadable answer: {e}") from None
+        with self._range_span(query, start, end, step, what) as span:
+            self._send_range(query, start, end, step, what, parser.feed, span)
+            try:
+                result = parser.finish()
+            except ValueError as e:
+                raise self._error(query, start, end, step, what, f"unreadable answer: {e}") from None
+            tracing.set_attributes(
+                span, {tracing.ROWS: result.n_points, "foxhunt.series": len(result.labels)}
+            )
+            return result
 
     def _error(
         self, query: str, start: float, end: float, step: float, what: str, text: str

@@ -27,11 +27,11 @@ class FewerRows(ValueError):
     """The source answered with far fewer GPUs or nodes than the partition has: not replaced."""
 
 
-def _window(hour: datetime, step: float, what: str) -> Window:
+def hour_window(hour: datetime, step: float, what: str) -> Window:
     return Window(hour.timestamp(), (hour + timedelta(hours=1)).timestamp(), step, what)
 
 
-def _guard(
+def guard_fewer_rows(
     lake: Lake, spec: TableSpec, key: str, table: pa.Table, keys: list[str], allow_fewer_rows: bool
 ) -> None:
     if allow_fewer_rows:
@@ -60,13 +60,13 @@ def gpu_samples(
         table = collect_gpu_samples(
             client,
             catalog,
-            _window(hour, settings.scrape_step_s, f"gpu_samples partition {key}"),
+            hour_window(hour, settings.scrape_step_s, f"gpu_samples partition {key}"),
             node_labels=settings.node_labels,
             experiment_label=settings.experiment_label,
             exporter_containers=settings.exporter_containers,
             run_id_label=settings.run_id_label,
         )
-        _guard(lake, GPU_SAMPLES, key, table, ["uuid", "gpu_instance"], allow_fewer_rows)
+        guard_fewer_rows(lake, GPU_SAMPLES, key, table, ["uuid", "gpu_instance"], allow_fewer_rows)
         lake.write_partition(GPU_SAMPLES, key, table)
         log.append(("info", f"gpu_samples {key}: {table.num_rows} rows"))
         for column, gap in missing_core_columns(table, catalog).items():
@@ -186,11 +186,11 @@ def node_samples(
         table = collect_node_samples(
             client,
             catalog,
-            _window(hour, settings.scrape_step_s, f"node_samples partition {key}"),
+            hour_window(hour, settings.scrape_step_s, f"node_samples partition {key}"),
             node_labels=settings.node_labels,
             gpu_counts=counts,
         )
-        _guard(lake, NODE_SAMPLES, key, table, ["node"], allow_fewer_rows)
+        guard_fewer_rows(lake, NODE_SAMPLES, key, table, ["node"], allow_fewer_rows)
         lake.write_partition(NODE_SAMPLES, key, table)
         tables[key] = table
     with scratch(t=pa.concat_tables(tables.values())) as con:

@@ -14,6 +14,7 @@ from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInpu
 
 if TYPE_CHECKING:
     from foxhunt_obs.lib.delivery.send import ReportDelivery
+    from foxhunt_obs.lib.report.model import ReportLinks
 
 
 def weekly_cost_report(
@@ -22,8 +23,10 @@ def weekly_cost_report(
     activity_basis: str,
     delivery: ReportDelivery,
     slack_client: Callable | None = None,
+    links: ReportLinks | None = None,
 ) -> Built:
-    """The report on activity_basis (util or sm), sent where `delivery` says (Slack through slack_client)."""
+    """The report on activity_basis (util or sm), sent where `delivery` says (Slack through slack_client);
+    links: its run's trace and its pods' logs (none when None or the templates are unset)."""
     # imported here: matplotlib costs ~1 s, which every code-location load would pay otherwise
     from foxhunt_obs.lib.delivery.send import DeliveryError, deliver
     from foxhunt_obs.lib.report import render_weekly_report
@@ -34,6 +37,8 @@ def weekly_cost_report(
         data = weekly_report_data(con, week_start, activity_basis)
     finally:
         con.close()
+    if links is not None:
+        data.links = links
     if data.daily.empty:
         raise MissingInput(
             f"weekly_cost_report week={week_start}: no utilization_per_dollar rows for "

@@ -69,6 +69,25 @@ def kill_group(pgid: int, timeout: float, process: subprocess.Popen | None = Non
     raise SandboxError(f"process group {pgid} survived SIGKILL")
 
 
+def wait_serving(
+    process: subprocess.Popen, port: int, timeout_s: float, what: str, log: Path
+) -> subprocess.Popen:
+    """`process` once it answers 200 on 127.0.0.1:`port`/healthz; stopped (its group) and a SandboxError
+    naming `what` with `log`'s tail if it exits or does not answer within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SandboxError(f"{what} exited with {process.returncode}: {tail(log)}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                if r.status == 200:
+                    return process
+        except OSError:
+            time.sleep(0.1)
+    kill_group(process.pid, 5.0, process)
+    raise SandboxError(f"{what} not serving after {timeout_s:g} s: {tail(log)}")
+
+
 def zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"

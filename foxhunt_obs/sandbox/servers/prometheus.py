@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import yaml
@@ -31,7 +30,7 @@ from foxhunt_obs.sandbox.servers.local_server import (
     http_ok,
     kill_group,
     read_state,
-    tail,
+    wait_serving,
 )
 from foxhunt_obs.sandbox.story.scenario import Scenario, load_scenario
 from foxhunt_obs.sandbox.writers.cache import build_once
@@ -39,6 +38,8 @@ from foxhunt_obs.sandbox.writers.openmetrics import write_blocks
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
+RULE_CHUNK_S = 86400  # the rule backfill evaluates a day per promtool run, two at a time
+log = logging.getLogger(__name__)  # the history build says what it does and how far it is
 
 
 RECORDING_RULES = (
@@ -58,6 +59,8 @@ def _rules_digest() -> str:
 
 def tsdb_path(scenario: Scenario, cache_root: Path, metrics: set[str] | None = None) -> Path:
     only = "-" + "-".join(sorted(metrics)) if metrics else f"-r{_rules_digest()}"
+    if len(only) > 80:  # many metric names: a digest of them (a file name has at most 255 bytes)
+        only = f"-{len(metrics)}m{hashlib.sha256(only.encode()).hexdigest()[:12]}"
     return Path(cache_root) / f"{scenario.name}-{scenario.fingerprint()[:12]}{only}" / "tsdb"
 
 
@@ -68,7 +71,10 @@ def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = 
     """
 
     def build(tmp: Path) -> None:
+        log.info("building %s's Prometheus history (once; cached under %s)", scenario.name, cache_root)
         files = write_blocks(scenario, tmp / "openmetrics", metrics)
+        log.info("  series written: %d files of 2 hours", len(files))
+        done = [0]
 
         def backfill(f: Path) -> None:
             r = subprocess.run(
@@ -81,6 +87,9 @@ def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = 
                     f"promtool failed on {f.name} (exit {r.returncode}): {r.stderr.strip()[-2000:]}"
                 )
             f.unlink()  # the text is ~30x the size of the block made from it
+            done[0] += 1
+            if done[0] % 12 == 0 or done[0] == len(files):
+                log.info("  TSDB blocks: %d of %d", done[0], len(files))
 
         # promtool uses about one core; two at a time keeps a small machine responsive
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -105,7 +114,7 @@ def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None
     So the rules are backfilled with those references inlined (``inline_records``): the same values,
     e.g. foxhunt:gpu_util:ratio from GR_ENGINE_ACTIVE on a MIG slice, which reports no GPU_UTIL.
     The evaluating server looks back less than a scrape step (``backfill_rules``)."""
-    backfill_rules(tsdb, work, [inline_records(RECORDING_RULES)], *_window(scenario))
+    backfill_rules(tsdb, work, [inline_records(RECORDING_RULES)], *_window(scenario), what="recording rules")
 
 
 def backfill_cost_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
@@ -118,7 +127,7 @@ def backfill_cost_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
     against a server over the TSDB that already holds the levels before it, so every rule reads the
     records it references as Prometheus evaluating the group in order would."""
     levels = rule_levels(yaml.safe_load(COST_RULES.read_text()))
-    backfill_rules(tsdb, work, levels, *_window(scenario))
+    backfill_rules(tsdb, work, levels, *_window(scenario), what="cost rules")
 
 
 def _window(scenario: Scenario) -> tuple[int, int, int]:
@@ -164,37 +173,55 @@ def lookback_delta(step_s: int) -> str:
     return f"{max(step_s * 1000 - 1, 1)}ms"
 
 
-def backfill_rules(tsdb: Path, work: Path, levels: list[dict], start: int, end: int, step_s: int) -> None:
+def backfill_rules(
+    tsdb: Path, work: Path, levels: list[dict], start: int, end: int, step_s: int, what: str = "rules"
+) -> None:
     """Each level of rules (rules files as dicts) evaluated by promtool every ``step_s`` over [start, end]
     (Unix seconds) against a server on the TSDB holding the levels before it, its blocks moved into the
-    TSDB."""
+    TSDB.
+
+    The window is cut into days (RULE_CHUNK_S), two promtool runs at a time: Prometheus evaluates each
+    query on one core, so one run left a core idle, and each finished day is a progress line. The pieces
+    are exactly the single run's: promtool aligns every evaluation to the group's own offset
+    (rules.Group.EvalTimestamp) and its blocks to 2 hours, and a piece ends a second before the next one
+    starts (promtool's --end is inclusive), so no evaluation is made twice or missed."""
     # promtool offsets a group's evaluations by a hash of its name and file: the file is given by a
     # relative name, the same in every build, so every build records the same timestamps and values
     # promtool runs in `work` (cwd): the output directory must not be relative to where we are
     work = Path(work).resolve()
     out, rules_file = work / "rule-blocks", work / "rules-backfill.yaml"
-    for doc in levels:
+    starts = list(range(start, end, RULE_CHUNK_S)) or [start]
+    pieces = [(t, starts[i + 1] - 1 if i + 1 < len(starts) else end) for i, t in enumerate(starts)]
+    unit = "days" if RULE_CHUNK_S == 86400 else f"pieces of {RULE_CHUNK_S} s"
+    for n, doc in enumerate(levels, 1):
         rules_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 20))
+        records = sorted({x["record"] for g in doc["groups"] for x in g["rules"]})
+        label = what + (f", level {n} of {len(levels)}" if len(levels) > 1 else "")
         lookback = f"--query.lookback-delta={lookback_delta(step_s)}"
         with PrometheusServer(tsdb, workdir=work, extra_args=(lookback,)) as server:
-            r = subprocess.run(
-                [
-                    PROMTOOL, "tsdb", "create-blocks-from", "rules", "--quiet",
-                    f"--url={server.url}", f"--start={start}", f"--end={end}", f"--eval-interval={step_s}s",
-                    f"--output-dir={out}", rules_file.name,
-                ],
-                capture_output=True,
-                text=True,
-                cwd=work,
-            )  # fmt: skip
-        if r.returncode:
-            records = sorted({x["record"] for g in doc["groups"] for x in g["rules"]})
-            raise SandboxError(
-                f"promtool create-blocks-from rules failed on {', '.join(records)} "
-                f"(exit {r.returncode}): {r.stderr[-2000:]}"
-            )
-        for block in out.iterdir():
-            block.rename(tsdb / block.name)
+            argv = [PROMTOOL, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={server.url}",
+                    f"--eval-interval={step_s}s"]  # fmt: skip
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                runs = {
+                    pool.submit(
+                        subprocess.run,
+                        [*argv, f"--start={first}", f"--end={last}", f"--output-dir={out / str(first)}",
+                         rules_file.name],
+                        capture_output=True, text=True, cwd=work,
+                    ): (first, last)
+                    for first, last in pieces
+                }  # fmt: skip
+                for done, run in enumerate(as_completed(runs), 1):
+                    r, (first, last) = run.result(), runs[run]
+                    if r.returncode:
+                        raise SandboxError(
+                            f"promtool create-blocks-from rules failed on {', '.join(records)} from {first} "
+                            f"to {last} (exit {r.returncode}): {r.stderr[-2000:]}"
+                        )
+                    log.info("  %s: %d of %d %s evaluated", label, done, len(pieces), unit)
+        for piece in sorted(out.iterdir()):
+            for block in piece.iterdir():
+                block.rename(tsdb / block.name)
         shutil.rmtree(out)
         for leftover in ("wal", "chunks_head", "queries.active", "lock"):  # the temporary server's state
             path = tsdb / leftover
@@ -233,7 +260,8 @@ class PrometheusServer(LocalServer):
     """/usr/bin/prometheus on ``tsdb_dir``, listening on 127.0.0.1 only, with no scrape jobs.
 
     ``scrape_jobs`` (job name -> targets) are scraped every ``scrape_interval``; ``rule_files`` are
-    loaded (the catalog's recording rules). ``extra_args`` go to prometheus as they are (tests use
+    loaded (the catalog's recording rules). ``sample_labels`` (job name -> labels) sets labels on every
+    sample a job scrapes (``sample_relabels``). ``extra_args`` go to prometheus as they are (tests use
     ``--query.max-samples`` to provoke errors). Backfilled history has no staleness markers, so a series
     that ends (pod gone, node lost) keeps answering plain selectors for the 5-minute look-back; the
     ingest asks for ``last_over_time(x[step])`` and so does not depend on staleness.
@@ -252,16 +280,18 @@ class PrometheusServer(LocalServer):
         scrape_jobs: dict[str, list[str]] | None = None,
         scrape_interval: str = "15s",
         rule_files: tuple[Path, ...] = (),
+        sample_labels: dict[str, dict[str, str]] | None = None,
     ):
         super().__init__(port, workdir)
         self.extra_args = tuple(extra_args)
         self.scrape_jobs = scrape_jobs or {}
+        self.sample_labels = sample_labels or {}
         self.scrape_interval = scrape_interval
         self.rule_files = tuple(Path(p).resolve() for p in rule_files)
         self.tsdb_dir = Path(tsdb_dir).resolve()
 
     def _config(self) -> str:
-        return _config_text(self.scrape_interval, self.scrape_jobs, self.rule_files)
+        return _config_text(self.scrape_interval, self.scrape_jobs, self.rule_files, self.sample_labels)
 
     def prepare(self) -> None:
         (self.workdir / "prometheus.yml").write_text(self._config())
@@ -282,17 +312,35 @@ class PrometheusServer(LocalServer):
         return http_ok(f"{self.url}/-/ready", timeout)
 
 
-def _config_text(scrape_interval: str, scrape_jobs: dict[str, list[str]], rule_files) -> str:
+def _config_text(
+    scrape_interval: str, scrape_jobs: dict[str, list[str]], rule_files, sample_labels: dict | None = None
+) -> str:
+    jobs = []
+    for job, targets in scrape_jobs.items():
+        # honor_labels: the exporter's pod labels name the pod holding the GPU (as in our ServiceMonitor)
+        jobs.append({"job_name": job, "honor_labels": True, "static_configs": [{"targets": list(targets)}]})
+        if (sample_labels or {}).get(job):
+            jobs[-1]["metric_relabel_configs"] = sample_relabels(sample_labels[job])
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [
-            # honor_labels: the exporter's pod labels name the pod holding the GPU (as in our ServiceMonitor)
-            {"job_name": job, "honor_labels": True, "static_configs": [{"targets": list(targets)}]}
-            for job, targets in scrape_jobs.items()
-        ],
+        "scrape_configs": jobs,
     }
     return json.dumps(config, indent=2) + "\n"  # JSON is YAML
+
+
+def sample_relabels(labels: dict[str, str]) -> list[dict]:
+    """metric_relabel_configs that set ``labels`` on every scraped sample, and not on ``up``: Prometheus
+    applies metric relabelling to scraped samples only, never to the series it generates itself such as
+    ``up`` (prometheus.io docs, configuration, <metric_relabel_configs>; the test checks it).
+
+    The sandbox's stand-in for the pod labels a PodMonitor gives a trainer's series: a static target has no
+    pod, and the trainer reports its own GPUs, so its ``up`` must not name the pod either, or the recording
+    rules would take it for an exporter's pod and its GPUs for GPUs no pod holds (metric_catalog.yaml)."""
+    return [
+        {"action": "replace", "regex": "(.*)", "replacement": value, "target_label": label}
+        for label, value in labels.items()
+    ]
 
 
 # ---- one detached server per state directory (demo, CLI) ----
@@ -304,6 +352,10 @@ _DETACHED: dict[int, subprocess.Popen] = {}
 
 EXPORTER_JOB = "foxhunt-gpu-exporter"
 LIVE_NODE = "sandbox-live-node"
+TRAINER_JOB = "example-trainer"
+# The sandbox trainer's endless run: every fold again and again, slow enough to cost little CPU.
+TRAINER_ARGS = ("--rounds", "0", "--folds", "3", "--epochs", "6", "--batches", "20", "--step-seconds", "0.1",
+                "--checkpoint-failure-fold", "2", "--fake-gpus", "2")  # fmt: skip
 
 
 def start_fake_exporter(
@@ -328,21 +380,8 @@ def start_fake_exporter(
         cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )
     log.close()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SandboxError(
-                f"foxhunt-gpu-exporter exited with {process.returncode} (is exporter/ installed? "
-                f"pip install -e ./exporter): {tail(Path(workdir) / 'exporter.log')}"
-            )
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                if r.status == 200:
-                    return process
-        except OSError:
-            time.sleep(0.1)
-    kill_group(process.pid, 5.0, process)
-    raise SandboxError(f"foxhunt-gpu-exporter not healthy after 20 s: {tail(Path(workdir) / 'exporter.log')}")
+    # not serving: is exporter/ installed? (pip install -e ./exporter, which make does)
+    return wait_serving(process, port, 20, "foxhunt-gpu-exporter", Path(workdir) / "exporter.log")
 
 
 def up(
@@ -350,12 +389,14 @@ def up(
     state_dir: Path,
     port: int,
     exporter_port: int | None = None,
+    trainer: bool = False,
 ) -> dict:
     """Build or reuse the scenario's TSDB under ``state_dir/cache``, run Prometheus on a fresh copy in
     ``state_dir/run`` (detached: it outlives this process) and record it in ``state_dir/sandbox.json``.
     Beside the backfilled history, a live fake exporter (``exporter_port``, default a free port) is
     scraped every 5 s and the catalog's recording rules are loaded: the live path, end to end.
-    A server already recorded there is stopped first."""
+    ``trainer``: the example trainer (foxhunt_obs/sandbox/example_trainer.py) runs too, scraped as the
+    training cockpit expects. A server already recorded there is stopped first."""
     state_dir = Path(state_dir)
     scenario = load_scenario(scenario_name)
     tsdb = build_tsdb(scenario, state_dir / "cache")
@@ -365,17 +406,28 @@ def up(
     exporter_port = exporter_port or free_port()
     exporter = start_fake_exporter(exporter_port, run)
     _DETACHED[exporter.pid] = exporter
+    jobs, trainer_process, trainer_port = {EXPORTER_JOB: [f"127.0.0.1:{exporter_port}"]}, None, None
     try:
+        if trainer:
+            from foxhunt_obs.sandbox.example_trainer import SANDBOX_POD, start_example_trainer
+
+            trainer_port = free_port()
+            trainer_process = start_example_trainer(trainer_port, run, *TRAINER_ARGS)
+            _DETACHED[trainer_process.pid] = trainer_process
+            jobs[TRAINER_JOB] = [f"127.0.0.1:{trainer_port}"]
         server = PrometheusServer(
             run / "tsdb",
             port=port,
             workdir=run,
-            scrape_jobs={EXPORTER_JOB: [f"127.0.0.1:{exporter_port}"]},
+            scrape_jobs=jobs,
             scrape_interval="5s",
             rule_files=(RECORDING_RULES,),
+            sample_labels={TRAINER_JOB: SANDBOX_POD} if trainer else None,
         ).start()
     except BaseException:
-        kill_group(exporter.pid, 5.0, _DETACHED.pop(exporter.pid))
+        for pid in (exporter.pid, trainer_process and trainer_process.pid):
+            if pid:
+                kill_group(pid, 5.0, _DETACHED.pop(pid))
         raise
     _DETACHED[server.pid] = server.process
     state = {
@@ -383,6 +435,11 @@ def up(
         "url": server.url,
         "exporter_pid": exporter.pid,
         "exporter_url": f"http://127.0.0.1:{exporter_port}",
+        **(
+            {"trainer_pid": trainer_process.pid, "trainer_url": f"http://127.0.0.1:{trainer_port}"}
+            if trainer_process
+            else {}
+        ),
         "scenario": scenario.name,
         "fingerprint": scenario.fingerprint(),
         "start": scenario.start.isoformat(),
@@ -408,7 +465,7 @@ def down(state_dir: Path) -> None:
     down_moto(state_dir)
     state = _state(state_dir)
     if state:
-        for key in ("pid", "exporter_pid"):
+        for key in ("pid", "exporter_pid", "trainer_pid"):
             pid = state.get(key)
             process = _DETACHED.pop(pid, None)
             if pid and alive(pid):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from foxhunt_obs.sandbox.story import truth
 from foxhunt_obs.sandbox.story.scenario import Scenario
 from foxhunt_obs.sandbox.writers import bills, training
 
@@ -50,12 +51,13 @@ def write_rule_overrides(scenario: Scenario, path: Path) -> Path:
 
 def ident(rule: str, labels: dict[str, str]) -> str:
     """The label that says whom an alert is about: node/gpu for ECC and XID errors, else the run, the
-    pod, the file system, the project or the budget; '' for cluster-wide alerts (gpu_node_missing)."""
+    pod, the Ray cluster, the file system, the project or the budget; '' for cluster-wide alerts
+    (gpu_node_missing)."""
     if rule in ("ecc_errors", "xid_errors"):
         return f"{labels.get('node', '')}/{labels.get('gpu', '')}"
     if rule == "untracked_spend":
         return labels.get("name") or labels.get("instance_id", "")
-    for key in ("run_name", "pod", "file_system_name", "project", "budget_name"):
+    for key in ("run_name", "pod", "ray_io_cluster", "file_system_name", "project", "budget_name"):
         if labels.get(key):
             return labels[key]
     return ""
@@ -75,6 +77,9 @@ def expected(scenario: Scenario, silent_minutes: float = 30) -> list[Expected]:
             out.append(Expected("gpu_node_missing", "", i.start, i.end, where))
         elif i.kind == "oom_loop":
             out.append(Expected("gpu_oom_restarts", i.pod, i.start, i.end, where))
+    for o in truth.ray_outages(scenario):
+        what = f"worker_lost {o.pod} ({o.cluster}) {o.start:%Y-%m-%d %H:%M}-{o.end:%H:%M}"
+        out.append(Expected("ray_worker_lost", o.cluster, o.start, o.end, what))
     if scenario.training is not None:
         runs = {r.name: r for r in scenario.training.runs}
         rule_of = {

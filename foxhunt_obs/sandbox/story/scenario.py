@@ -27,6 +27,8 @@ YAML layout (see scenarios/small.yaml for a commented example)::
                      {kind: stall, run, at_h}]                 # a RUNNING run logs nothing from at_h on
     aws:                                                                  # optional: see aws_scenario.py
       {account_id, region, tags, fsx: [...], billed: {s3_buckets, eks_cluster}, budget, incidents: [fsx_fill]}
+    ray:          [{name, head, workers: [pod, ...],                      # optional: KubeRay clusters
+                    incidents?: [{kind: worker_lost, pod, start_h, minutes}]}]
 
 A pod is identified by (namespace, name, start), never by its name alone: its namespace is its
 experiment's, and a name may come back (a StatefulSet's ``trainer-0`` recreated later, on the same or
@@ -49,6 +51,12 @@ logs until the scenario ends, or until its ``stall``; one that ends earlier (its
 stall at or before that end (the trainer died and never terminated its run). A GPU ``stall`` incident
 on one of a run's pods pauses that run's logging for the stall's window (a hung trainer logs nothing);
 training incidents may not fall into such a pause. ``deleted: true`` deletes the run after it is logged.
+
+The ``ray`` block makes pods a KubeRay cluster (``name`` is its ray.io/cluster): a head and its workers,
+pods of one experiment, each a Ray node reporting Ray's own series (truth.ray_track, openmetrics.py) while
+it lives; the workers live within the head's lifetime and hold whole GPUs (Ray's logical GPUs are the
+pod's). A ``worker_lost`` incident kills a worker's raylet for its window (its scrape fails, its actor
+restarts, its work waits for a node): it must lie within the worker's lifetime. It changes no GPU sample.
 
 The ``aws`` block (aws_scenario.py) describes the bills and FSx file systems: bills.py is their exact truth
 and moto_server.py seeds a moto server with it. It changes no Prometheus or MLflow sample.
@@ -99,9 +107,10 @@ from foxhunt_obs.lib.ingest.mig import MigError, slice_share
 from foxhunt_obs.sandbox.story.aws_scenario import Aws, parse_aws
 
 # Bump whenever the generator writes different samples for the same YAML: it is part of the cache key.
-GENERATOR_VERSION = "7"
+GENERATOR_VERSION = "8"
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 INCIDENT_KINDS = ("stall", "ecc_sbe", "ecc_dbe", "node_lost", "oom_loop")
+RAY_INCIDENT_KINDS = ("worker_lost",)
 TRAINING_INCIDENT_KINDS = ("nan_loss", "entropy_collapse", "success_drop", "stall")
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED", "RUNNING")
 ALGOS = ("PPO", "DQN")
@@ -281,6 +290,30 @@ class Training:
 
 
 @dataclass(frozen=True)
+class RayIncident:
+    kind: str  # one of RAY_INCIDENT_KINDS
+    pod_index: int  # the worker (scenario.pods[pod_index])
+    start_s: int
+    end_s: int
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """A KubeRay cluster: ``name`` (ray.io/cluster), its head and workers (indexes in scenario.pods)."""
+
+    name: str
+    namespace: str
+    experiment: str
+    head: int
+    workers: tuple[int, ...]
+    incidents: tuple[RayIncident, ...] = ()
+
+    @property
+    def pods(self) -> tuple[int, ...]:
+        return (self.head, *self.workers)
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     start: datetime
@@ -294,6 +327,7 @@ class Scenario:
     source: str = field(default="", repr=False, compare=False)  # the YAML text, for the fingerprint
     training: Training | None = None  # the optional `training:` block (MLflow runs)
     aws: Aws | None = None  # the optional `aws:` block (bills, FSx; bills.py, moto_server.py)
+    ray: tuple[RayCluster, ...] = ()  # the optional `ray:` block (KubeRay clusters)
 
     @property
     def end(self) -> datetime:
@@ -397,7 +431,7 @@ class ScenarioParser:
             raw,
             "top level",
             {"name", "start", "hours", "scrape_interval_s", "seed", "nodes", "experiments", "pods"},
-            {"node_defaults", "incidents", "description", "training", "aws"},
+            {"node_defaults", "incidents", "description", "training", "aws", "ray"},
         )
         start = top["start"]
         if isinstance(start, str):
@@ -433,6 +467,7 @@ class ScenarioParser:
         self.gpu_incidents = incidents
         training = self.training(top["training"]) if top.get("training") is not None else None
         aws = parse_aws(self, top["aws"]) if top.get("aws") is not None else None
+        ray = self.ray(top.get("ray") or [])
         return Scenario(
             name=str(top["name"]),
             start=start,
@@ -446,6 +481,7 @@ class ScenarioParser:
             source=source,
             training=training,
             aws=aws,
+            ray=ray,
         )
 
     def unique(self, items, kind: str) -> None:
@@ -815,6 +851,66 @@ class ScenarioParser:
                     and lost.start_s < i.end_s
                 ):
                     raise self.fail(f"{i.kind} on {i.node}", "falls inside the node's outage")
+
+    # ---- the optional ray: block (KubeRay clusters) ----
+
+    def ray(self, raw: Any) -> tuple[RayCluster, ...]:
+        if not isinstance(raw, list):
+            raise self.fail("ray", "expected a list of Ray clusters")
+        clusters = tuple(self.ray_cluster(i, d) for i, d in enumerate(raw))
+        self.unique(clusters, "Ray cluster")
+        taken: dict[int, str] = {}
+        for c in clusters:
+            for i in c.pods:
+                if i in taken:
+                    raise self.fail(
+                        f"Ray cluster {c.name!r}", f"pod {self.pods[i].describe()} is also in {taken[i]!r}"
+                    )
+                taken[i] = c.name
+        return clusters
+
+    def ray_cluster(self, i: int, d: Any) -> RayCluster:
+        where = f"ray[{i}]" + (f" ({d.get('name')!r})" if isinstance(d, dict) else "")
+        d = self.fields(d, where, {"name", "head", "workers"}, {"incidents"})
+        head = self.pod_ref(d["head"], None, where)
+        if not isinstance(d["workers"], list) or not d["workers"]:
+            raise self.fail(where, "workers must be a non-empty list of pod names")
+        workers = tuple(self.pod_ref(w, head.namespace, where) for w in d["workers"])
+        for p in (head, *workers):
+            if p.experiment != head.experiment:
+                raise self.fail(
+                    where, f"pod {p.describe()} runs {p.experiment!r}, the head {head.experiment!r}"
+                )
+            if p.slices:
+                raise self.fail(
+                    where, f"pod {p.describe()} holds MIG slices: a Ray node here holds whole GPUs"
+                )
+        for w in workers:
+            if not head.start_s <= w.start_s < w.end_s <= head.end_s:
+                raise self.fail(where, f"worker {w.describe()} must live within the head's lifetime")
+        if len({w.index for w in workers} | {head.index}) != len(workers) + 1:
+            raise self.fail(where, "a pod is named twice")
+        incidents = []
+        for k, x in enumerate(d.get("incidents") or []):
+            at = f"{where}: incidents[{k}]"
+            x = self.fields(x, at, {"kind", "pod", "start_h", "minutes"})
+            if x["kind"] not in RAY_INCIDENT_KINDS:
+                raise self.fail(at, f"kind must be one of {', '.join(RAY_INCIDENT_KINDS)}")
+            s, e = self.window(x, at, "minutes")
+            pod = next((w for w in workers if w.name == x["pod"]), None)
+            if pod is None:
+                raise self.fail(at, f"{x['pod']!r} is none of the cluster's workers")
+            if not pod.start_s <= s < e <= pod.end_s:
+                raise self.fail(at, f"the outage must lie within worker {pod.describe()}'s lifetime")
+            incidents.append(RayIncident(x["kind"], pod.index, s, e))
+        return RayCluster(
+            name=str(d["name"]),
+            namespace=head.namespace,
+            experiment=head.experiment,
+            head=head.index,
+            workers=tuple(w.index for w in workers),
+            incidents=tuple(sorted(incidents, key=lambda x: x.start_s)),
+        )
 
     # ---- the optional training: block (MLflow runs) ----
 

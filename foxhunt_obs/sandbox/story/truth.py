@@ -556,6 +556,148 @@ def lost_windows(scenario: Scenario) -> list[IncidentWindow]:
     return _windows(scenario, ("node_lost",))
 
 
+# ---- Ray (the scenario's `ray:` clusters) ------------------------------------------------------------
+# Every Ray node (a KubeRay pod) reports, while its raylet runs: its logical GPUs (all of its pod's GPUs,
+# all in use: one training task per GPU, so none available), RAY_OBJECT_STORE_BYTES of object store of
+# which 25-35 % is in use (integer bytes, from the pod's own seed), tasks_running = its GPUs. The head
+# also reports what its driver and GCS count: tasks waiting for a node and failed, and the actors (one per
+# Ray node: the learner on the head, a rollout worker per worker). A worker_lost incident: the worker
+# reports nothing (its scrape fails, alive false), its actor is RESTARTING and its rollout task waits for
+# a node (PENDING_NODE_ASSIGNMENT) on the head; the task it ran has FAILED (the count stays); afterwards
+# the actor is ALIVE again. Nothing of it touches a GPU sample.
+RAY_OBJECT_STORE_BYTES = 16 << 30
+RAY_VERSION = "2.6.1"  # the labels written are those of a real Ray 2.6.1 page (fixtures/real/ray/)
+RAY_COLUMNS = (
+    "gpus_total gpus_used gpus_available tasks_pending tasks_running tasks_failed actors_alive "
+    "actors_restarting actors_dead object_store_used_bytes object_store_capacity_bytes"
+).split()
+
+
+def ray_node_ip(scenario: Scenario, pod: Pod | int) -> str:
+    """A Ray node's NodeAddress: its pod's IP, in the pod CIDR 10.1.<node index>.0/24."""
+    p = scenario.pod(pod)
+    return f"10.1.{scenario.node(p.node).index}.{10 + p.index}"
+
+
+def ray_lost(scenario: Scenario, pod: Pod | int) -> np.ndarray:
+    """True at the scrapes where the Ray node's raylet is gone (its worker_lost windows)."""
+    p = scenario.pod(pod)
+    lost = np.zeros(scenario.steps, dtype=bool)
+    for c in scenario.ray:
+        for inc in c.incidents:
+            if inc.pod_index == p.index:
+                lost[_steps(scenario, inc.start_s, inc.end_s)] = True
+    return lost
+
+
+def ray_track(scenario: Scenario, cluster, pod: Pod | int) -> dict[str, np.ndarray]:
+    """One Ray node's values over the full grid: ``exists`` (its pod lives), ``alive`` (its raylet
+    answers) and RAY_COLUMNS (NaN where the node does not report the column: not alive, or a head-only
+    column on a worker)."""
+    p = scenario.pod(pod)
+    n = scenario.steps
+    exists = np.zeros(n, dtype=bool)
+    exists[_steps(scenario, p.start_s, p.end_s)] = True
+    alive = exists & ~ray_lost(scenario, p)
+    nan = np.full(n, np.nan)
+    used_share = np.random.default_rng((scenario.seed, 9000 + p.index)).uniform(0.25, 0.35, n)
+    gpus = float(len(p.gpus))
+    t = {
+        "exists": exists,
+        "alive": alive,
+        "gpus_total": np.where(alive, gpus, nan),
+        "gpus_used": np.where(alive, gpus, nan),
+        "gpus_available": np.where(alive, 0.0, nan),
+        "tasks_running": np.where(alive, gpus, nan),
+        "object_store_used_bytes": np.where(alive, np.rint(used_share * RAY_OBJECT_STORE_BYTES), nan),
+        "object_store_capacity_bytes": np.where(alive, float(RAY_OBJECT_STORE_BYTES), nan),
+    }
+    head_only = ("tasks_pending", "tasks_failed", "actors_alive", "actors_restarting", "actors_dead")
+    if p.index != cluster.head:
+        return {**t, **{c: nan.copy() for c in head_only}}
+    restarting, alive_actors, failed = np.zeros(n), alive.astype(float), np.zeros(n)
+    for w in cluster.workers:
+        wp = scenario.pods[w]
+        w_exists = np.zeros(n, dtype=bool)
+        w_exists[_steps(scenario, wp.start_s, wp.end_s)] = True
+        w_lost = w_exists & ray_lost(scenario, w)
+        alive_actors += w_exists & ~w_lost
+        restarting += w_lost
+    for inc in cluster.incidents:
+        failed[inc.start_s // scenario.step_s :] += 1
+    return {
+        **t,
+        "tasks_pending": np.where(alive, restarting, nan),
+        "tasks_failed": np.where(alive, failed, nan),
+        "actors_alive": np.where(alive, alive_actors, nan),
+        "actors_restarting": np.where(alive, restarting, nan),
+        "actors_dead": np.where(alive, 0.0, nan),
+    }
+
+
+def ray_samples(scenario: Scenario) -> pd.DataFrame:
+    """What ray_samples must hold: one row per Ray node per scrape while its pod lives (alive false, values
+    NaN, while its raylet is gone), sorted by ts, ray_cluster, namespace, pod."""
+    ts = grid_seconds(scenario)
+    parts = []
+    for c in scenario.ray:
+        for i in c.pods:
+            p = scenario.pods[i]
+            t = ray_track(scenario, c, i)
+            keep = t["exists"]
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "ts": ts[keep],
+                        "ray_cluster": c.name,
+                        "namespace": p.namespace,
+                        "pod": p.name,
+                        "node_type": "head" if i == c.head else "worker",
+                        "experiment": c.experiment,
+                        "alive": t["alive"][keep],
+                        **{col: t[col][keep] for col in RAY_COLUMNS},
+                        "step_seconds": float(scenario.step_s),
+                    }
+                )
+            )
+    if not parts:
+        return pd.DataFrame(
+            columns=["ts", "ray_cluster", "namespace", "pod", "node_type", "experiment", "alive"]
+        )
+    df = pd.concat(parts, ignore_index=True)
+    df["ts"] = pd.to_datetime(df["ts"], unit="s", utc=True).astype("datetime64[ns, UTC]")
+    return df.sort_values(["ts", "ray_cluster", "namespace", "pod"], ignore_index=True)
+
+
+@dataclass(frozen=True)
+class RayOutage:
+    """A worker_lost incident as the alert must see it: while [start, end), the cluster has a Ray node
+    down and an actor restarting."""
+
+    cluster: str
+    namespace: str
+    pod: str
+    start: datetime
+    end: datetime
+
+
+def ray_outages(scenario: Scenario) -> list[RayOutage]:
+    return sorted(
+        (
+            RayOutage(
+                c.name,
+                c.namespace,
+                scenario.pods[inc.pod_index].name,
+                scenario.start + timedelta(seconds=inc.start_s),
+                scenario.start + timedelta(seconds=inc.end_s),
+            )
+            for c in scenario.ray
+            for inc in c.incidents
+        ),
+        key=lambda o: (o.start, o.cluster),
+    )
+
+
 def pod_labels(scenario: Scenario) -> list[tuple[str, str, str]]:
     """(namespace, pod, experiment) of every pod, as kube_pod_labels tells them (a reused name once per
     pod: its series differ by ``uid``)."""

@@ -38,7 +38,17 @@ What a real cluster's Prometheus would hold, scrape by scrape:
   is an EC2 private DNS name): one series per EC2 instance of the node, while that instance exists;
   ``kube_pod_container_status_restarts_total`` per pod while it exists (rising in oom_loop incidents)
   (``truth.node_instances``), so a ``node_lost`` outage has none and the replacement is a new series.
-* ``up`` for the dcgm-exporter and node-exporter targets, with each target's labels (dcgm-exporter's
+* Ray (the scenario's ``ray:`` clusters, truth.ray_track): each Ray node (a KubeRay pod) is a target of
+  its own, scraped as the Ray docs' ServiceMonitor (head) and PodMonitor (workers) do it
+  (ray-project/ray doc/source/cluster/kubernetes/k8s-ecosystem/prometheus-grafana.md): the pod's
+  ``namespace``/``pod``/``container`` and its RayCluster as ``ray_io_cluster`` on every series. Its series
+  carry Ray 2.6.1's own labels (Component, NodeAddress, SessionName, Version, WorkerId; a real page in
+  foxhunt_obs_tests/fixtures/real/ray/): ``ray_resources`` (GPU and object_store_memory, USED and
+  AVAILABLE), ``ray_object_store_memory`` (MMAP_SHM), ``ray_tasks`` (RUNNING from each node's executor;
+  PENDING_NODE_ASSIGNMENT and FAILED from the driver on the head) and ``ray_actors`` (Source gcs, on the
+  head). A lost worker writes nothing and its ``up`` is 0. kube_pod_labels of a Ray pod also carry
+  ``label_ray_io_cluster`` and ``label_ray_io_node_type`` (KubeRay's pod labels, allow-listed).
+* ``up`` for the dcgm-exporter, node-exporter and Ray targets, with each target's labels (dcgm-exporter's
   pod, namespace and container, as Kubernetes service discovery gives them): 0 while the node is lost,
   as Prometheus records a failed scrape (the other series simply have no samples then).
 
@@ -143,7 +153,8 @@ KSM_METRICS = (
     "kube_node_info",
     "kube_pod_container_status_restarts_total",
 )
-ALL_METRICS = (*DCGM_METRICS, "up", *NODE_METRICS, *KSM_METRICS)
+RAY_METRICS = ("ray_resources", "ray_object_store_memory", "ray_tasks", "ray_actors")
+ALL_METRICS = (*DCGM_METRICS, "up", *NODE_METRICS, *KSM_METRICS, *RAY_METRICS)
 
 
 def _labels(**labels: str) -> str:
@@ -310,6 +321,12 @@ def _series(
         for node in scenario.nodes:
             target = _labels(job="node-exporter", instance=_node_exporter_instance(node.name))
             yield target, get["observed"](node).astype(np.int64), None
+        for c, i in _ray_nodes(scenario):
+            t = truth.ray_track(scenario, c, i)
+            yield _labels(**ray_target(scenario, c, i)), t["alive"].astype(np.int64), t["exists"]
+    elif family in RAY_METRICS:
+        for c, i in _ray_nodes(scenario):
+            yield from _ray_series(scenario, c, i, family)
     elif family in NODE_METRICS:
         for node in scenario.nodes:
             up, t = get["observed"](node), get["node"](node)
@@ -332,8 +349,16 @@ def _series(
                 alive = np.zeros(n, dtype=bool)
                 alive[p.start_s // scenario.step_s : p.end_s // scenario.step_s] = True
                 uid = truth.pod_uid(scenario, p)
+                ray = ray_pod_labels(scenario, p.index)
                 yield (
-                    _labels(namespace=p.namespace, pod=p.name, uid=uid, label_experiment=p.experiment, **ksm),
+                    _labels(
+                        namespace=p.namespace,
+                        pod=p.name,
+                        uid=uid,
+                        label_experiment=p.experiment,
+                        **ray,
+                        **ksm,
+                    ),
                     ones,
                     alive,
                 )
@@ -359,3 +384,82 @@ def _series(
                     pid = truth.provider_id(scenario, iid)
                     labels = _labels(node=node.name, **_internal_ip(node.name), provider_id=pid, **ksm)
                     yield labels, ones, alive
+
+
+def _ray_nodes(scenario: Scenario) -> Iterator[tuple[object, int]]:
+    """(cluster, pod index) of every Ray node, clusters in file order, the head first."""
+    for cluster in scenario.ray:
+        for pod in cluster.pods:
+            yield cluster, pod
+
+
+def ray_pod_labels(scenario: Scenario, pod: int) -> dict[str, str]:
+    """KubeRay's pod labels of a Ray pod as kube-state-metrics writes them; {} for other pods."""
+    for c in scenario.ray:
+        if pod in c.pods:
+            kind = "head" if pod == c.head else "worker"
+            return {"label_ray_io_cluster": c.name, "label_ray_io_node_type": kind}
+    return {}
+
+
+def ray_target(scenario: Scenario, cluster, pod: int) -> dict[str, str]:
+    """A Ray node's target labels: on its ``up`` and on every series it yields."""
+    p = scenario.pods[pod]
+    head = pod == cluster.head
+    return {
+        "job": "ray-head" if head else "ray-workers",
+        "instance": f"{truth.ray_node_ip(scenario, pod)}:8080",
+        "namespace": p.namespace,
+        "pod": p.name,
+        "container": "ray-head" if head else "ray-worker",
+        "endpoint": "metrics",
+        "ray_io_cluster": cluster.name,
+    }
+
+
+def _ray_series(
+    scenario: Scenario, cluster, pod: int, family: str
+) -> Iterator[tuple[str, np.ndarray, np.ndarray | None]]:
+    """One Ray node's series of one family, with Ray's own labels (as on a Ray 2.6.1 page)."""
+    t = truth.ray_track(scenario, cluster, pod)
+    alive, target = t["alive"], ray_target(scenario, cluster, pod)
+    session = f"session_{scenario.start:%Y-%m-%d_%H-%M-%S}_000000_1"
+    common = {
+        "NodeAddress": truth.ray_node_ip(scenario, pod),
+        "SessionName": session,
+        "Version": truth.RAY_VERSION,
+    }
+    raylet = {"Component": "raylet", **common, "WorkerId": ""}
+    worker_id = hashlib.sha256(f"{cluster.name}/{pod}".encode()).hexdigest()[:56]
+    core = {"Component": "core_worker", "IsRetry": "0", "JobId": "02000000", **common, "WorkerId": worker_id}
+
+    def series(labels: dict[str, str], values: np.ndarray):
+        return _labels(**labels, **target), np.nan_to_num(values).astype(np.int64), alive
+
+    if family == "ray_resources":
+        cap = t["object_store_capacity_bytes"]
+        for name, state, values in (
+            ("GPU", "USED", t["gpus_used"]),
+            ("GPU", "AVAILABLE", t["gpus_available"]),
+            ("object_store_memory", "USED", cap * 0),  # the logical reservation: nothing reserved
+            ("object_store_memory", "AVAILABLE", cap),
+        ):
+            yield series({**raylet, "Name": name, "State": state}, values)
+    elif family == "ray_object_store_memory":
+        labels = {**raylet, "Location": "MMAP_SHM", "ObjectState": "SEALED"}
+        yield series(labels, t["object_store_used_bytes"])
+    elif family == "ray_tasks":
+        name = "PPOLearner.train" if pod == cluster.head else "RolloutWorker.sample"
+        yield series({**core, "Name": name, "Source": "executor", "State": "RUNNING"}, t["tasks_running"])
+        if pod == cluster.head:
+            owner = {**core, "Name": "RolloutWorker.sample", "Source": "owner"}
+            yield series({**owner, "State": "PENDING_NODE_ASSIGNMENT"}, t["tasks_pending"])
+            yield series({**owner, "State": "FAILED"}, t["tasks_failed"])
+    elif pod == cluster.head:  # ray_actors: the GCS's counts, from the head
+        gcs = {"Component": "gcs_server", **common, "WorkerId": "", "Name": "RolloutWorker", "Source": "gcs"}
+        for state, col in (
+            ("ALIVE", "actors_alive"),
+            ("RESTARTING", "actors_restarting"),
+            ("DEAD", "actors_dead"),
+        ):
+            yield series({**gcs, "State": state}, t[col])

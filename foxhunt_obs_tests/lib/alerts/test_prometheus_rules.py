@@ -349,6 +349,165 @@ CASES: dict[str, list[dict]] = {
 }
 
 
+# ---- Ray: its own series (labels as a Ray 2.6.1 page, fixtures/real/ray/), scraped with the RayCluster as
+# ray_io_cluster and the target pod's namespace/pod (the Ray docs' KubeRay monitors) ------------------------
+
+
+def ray(metric: str, pod: str, cluster: str = "rc", **labels: str) -> str:
+    target = {"namespace": "rl", "pod": pod, "ray_io_cluster": cluster, "NodeAddress": f"10.1.0.{len(pod)}"}
+    return metric + "{" + ",".join(f'{k}="{v}"' for k, v in {**labels, **target}.items()) + "}"
+
+
+def gcs_actors(state: str, values: str, cluster: str = "rc", **labels: str) -> dict:
+    series = ray(
+        "ray_actors", f"{cluster}-head", cluster, Source="gcs", State=state, Name="RolloutWorker", **labels
+    )
+    return {"series": series, "values": values}
+
+
+# Ray's guide's head PodMonitor (ray-project/ray doc/source/cluster/kubernetes/k8s-ecosystem/
+# prometheus-grafana.md): job <namespace>/<name>, `endpoint` the port's name, three ports scraped
+GUIDE_HEAD = {"job": "prometheus-system/ray-head-monitor"}
+
+
+RAY_CASES: dict[str, list[dict]] = {
+    "ray_worker_lost": [
+        {  # rc: an actor restarts 6m..11m; rd: a worker's scrape fails 5m..9m; re: all well
+            "input_series": [
+                gcs_actors("RESTARTING", "0x5 1x5 0x19"),
+                gcs_actors("ALIVE", "3x5 2x5 3x19"),
+                {"series": ray("up", "rd-worker-1", "rd"), "values": "1x4 0x4 1x21"},
+                {"series": ray("up", "rd-head", "rd"), "values": "1x30"},
+                gcs_actors("RESTARTING", "0x30", "re"),
+                {"series": ray("up", "re-worker-0", "re"), "values": "1x30"},
+                # rc's head also scraped by the guide's monitor: its restarting actor still counts once
+                gcs_actors("RESTARTING", "0x5 1x5 0x19", **GUIDE_HEAD),
+                # rf: no autoscaler, so the guide's as-metrics target is down for good; Ray's own port is up
+                {"series": ray("up", "rf-head", "rf", endpoint="metrics", **GUIDE_HEAD), "values": "1x30"},
+                {"series": ray("up", "rf-head", "rf", endpoint="as-metrics", **GUIDE_HEAD), "values": "0x30"},
+                {
+                    "series": ray("up", "rf-head", "rf", endpoint="dash-metrics", **GUIDE_HEAD),
+                    "values": "1x30",
+                },
+                {"series": ray("up", "rf-worker-0", "rf", endpoint="metrics"), "values": "1x30"},
+            ],
+            "alert_rule_test": [
+                quiet("ray_worker_lost", "6m"),  # down for 1 minute only: not yet
+                fires("ray_worker_lost", "7m", {"namespace": "rl", "ray_io_cluster": "rd"}, 1.0),
+                {
+                    "eval_time": "8m",
+                    "alertname": "ray_worker_lost",
+                    "exp_alerts": [
+                        fires("ray_worker_lost", "8m", labels, 1.0)["exp_alerts"][0]
+                        for labels in (
+                            {"namespace": "rl", "ray_io_cluster": "rc"},
+                            {"namespace": "rl", "ray_io_cluster": "rd"},
+                        )
+                    ],
+                },
+                quiet("ray_worker_lost", "12m"),  # both back
+            ],
+        },
+    ],
+    "ray_scheduling_stall": [
+        {  # rc: a task waits 2m..30m with a GPU free on a worker; rd: waits while every GPU is in use
+            "input_series": [
+                {
+                    "series": ray("ray_tasks", "rc-head", State="PENDING_NODE_ASSIGNMENT", Source="owner"),
+                    "values": "0x1 1x29",
+                },
+                {
+                    "series": ray("ray_resources", "rc-worker-0", Name="GPU", State="AVAILABLE"),
+                    "values": "1x30",
+                },
+                {"series": ray("ray_resources", "rc-worker-0", Name="GPU", State="USED"), "values": "7x30"},
+                {
+                    "series": ray(
+                        "ray_tasks", "rd-head", "rd", State="PENDING_NODE_ASSIGNMENT", Source="owner"
+                    ),
+                    "values": "2x30",
+                },
+                {
+                    "series": ray("ray_resources", "rd-worker-0", "rd", Name="GPU", State="AVAILABLE"),
+                    "values": "0x30",
+                },
+                # rg: half a GPU free on a worker scraped by two jobs; counted twice it would reach 1
+                {
+                    "series": ray(
+                        "ray_tasks", "rg-head", "rg", State="PENDING_NODE_ASSIGNMENT", Source="owner"
+                    ),
+                    "values": "1x30",
+                },
+                *(
+                    {
+                        "series": ray(
+                            "ray_resources", "rg-worker-0", "rg", Name="GPU", State="AVAILABLE", job=job
+                        ),
+                        "values": "0.5x30",
+                    }
+                    for job in ("worker", "prometheus-system/ray-workers-monitor")
+                ),
+            ],
+            "alert_rule_test": [
+                quiet("ray_scheduling_stall", "11m"),
+                fires("ray_scheduling_stall", "13m", {"namespace": "rl", "ray_io_cluster": "rc"}, 1.0),
+            ],
+        },
+    ],
+    "ray_object_store_full": [
+        {  # w0 95 % full from 2m (current names); w1 the older spelling, 92 %; w2 half full
+            "input_series": [
+                {
+                    "series": ray("ray_object_store_memory", "w0", Location="MMAP_SHM", ObjectState="SEALED"),
+                    "values": "10x1 95x29",
+                },
+                {
+                    "series": ray("ray_object_store_memory", "w0", Location="SPILLED", ObjectState=""),
+                    "values": "500x30",
+                },  # spilled bytes are not in the store
+                {
+                    "series": ray("ray_resources", "w0", Name="object_store_memory", State="AVAILABLE"),
+                    "values": "90x1 5x29",
+                },
+                {
+                    "series": ray("ray_resources", "w0", Name="object_store_memory", State="USED"),
+                    "values": "10x1 95x29",
+                },
+                {"series": ray("ray_object_store_used_memory", "w1"), "values": "92x30"},
+                {"series": ray("ray_object_store_available_memory", "w1"), "values": "8x30"},
+                {
+                    "series": ray("ray_object_store_memory", "w2", Location="MMAP_SHM", ObjectState="SEALED"),
+                    "values": "50x30",
+                },
+                {
+                    "series": ray("ray_resources", "w2", Name="object_store_memory", State="AVAILABLE"),
+                    "values": "50x30",
+                },
+                {
+                    "series": ray("ray_resources", "w2", Name="object_store_memory", State="USED"),
+                    "values": "50x30",
+                },
+            ],
+            "alert_rule_test": [
+                quiet("ray_object_store_full", "9m"),
+                {
+                    "eval_time": "13m",
+                    "alertname": "ray_object_store_full",
+                    "exp_alerts": [
+                        fires("ray_object_store_full", "13m", labels, value)["exp_alerts"][0]
+                        for labels, value in (
+                            ({"namespace": "rl", "ray_io_cluster": "rc", "pod": "w0"}, 0.95),
+                            ({"namespace": "rl", "ray_io_cluster": "rc", "pod": "w1"}, 0.92),
+                        )
+                    ],
+                },
+            ],
+        },
+    ],
+}
+CASES |= RAY_CASES
+
+
 def test_every_exported_rule_has_a_firing_and_a_clean_case():
     exported_ids = {r.id for r in exported(list(RULES.values()))}
     assert set(CASES) == exported_ids, "add promtool cases for new rules"

@@ -13,8 +13,14 @@ import pytest
 
 from foxhunt_obs.lib.alerts import run_failures
 from foxhunt_obs.lib.alerts.engine import PENDING_MAX
-from foxhunt_obs.lib.delivery.alert_sinks import LakeAlertSink, WebhookSink
+from foxhunt_obs.lib.delivery.alert_sinks import (
+    AlertmanagerSink,
+    LakeAlertSink,
+    WebhookSink,
+    slack_alert_text,
+)
 from foxhunt_obs.lib.lake import Lake
+from foxhunt_obs.lib.tracing import LinkTemplates
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -146,8 +152,77 @@ def test_a_hanging_sink_does_not_hold_the_tick(receiver, tmp_path):
     assert time.monotonic() - started < 4.0
     assert "no answer within" in report.failed["webhook"]
     assert list(cursor.pending.values())[0]["took"] == ["lake"]  # the lake still took it
+    # the given-up delivery still runs: let it end, or the next test's webhook would wait for it
+    deadline = time.monotonic() + 15
+    while not receiver.took and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
 
 
 def test_an_unreadable_cursor_says_so():
     with pytest.raises(ValueError, match="run_failure_alert: unreadable cursor"):
         run_failures.Cursor.load("{not json", NOW)
+
+
+# A Grafana Explore URL on Tempo, encoded whole as the README shows it: every placeholder is %7B..%7D
+TRACE_TEMPLATE = (
+    "https://grafana.test/explore?schemaVersion=1&panes=%7B%22a%22%3A%7B%22queries%22%3A%5B%7B%22query%22%3A"
+    "%22%7Btrace_id%7D%22%7D%5D%2C%22range%22%3A%7B%22from%22%3A%22%7Bfrom_ms%7D%22%2C%22to%22%3A%22%7Bto_ms%7D"
+    "%22%7D%7D%7D"
+)
+RUN_ID = "0b6f1e2a-3c4d-4e5f-8a9b-0c1d2e3f4a5b"  # a Dagster run id: its trace id is these 32 hex digits
+
+
+def _ms(t: datetime) -> str:
+    return str(int(t.timestamp() * 1000))
+
+
+def test_a_failed_run_links_to_its_trace_in_every_sink(receiver, tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    started = NOW - timedelta(minutes=9, seconds=30)
+    run = run_failures.FailedRun(RUN_ID, "gpu_ingest_job", NOW - timedelta(minutes=5), "it failed", started)
+    links = LinkTemplates(trace=TRACE_TEMPLATE)
+    expected = (
+        TRACE_TEMPLATE.replace("%7Btrace_id%7D", RUN_ID.replace("-", ""))
+        .replace("%7Bfrom_ms%7D", _ms(started))
+        .replace("%7Bto_ms%7D", _ms(run.failed_at))
+    )
+    assert "%7B" + "trace_id" not in expected and "0b6f1e2a3c4d4e5f8a9b0c1d2e3f4a5b" in expected
+
+    receiver.refusing = True  # refused first: the link must come back out of the cursor
+    cursor, _ = run_failures.tick(
+        run_failures.Cursor.load(None, NOW), [run], _sinks(receiver, lake), NOW, links=links
+    )
+    receiver.refusing = False
+    cursor = run_failures.Cursor.load(cursor.dumps(), NOW)
+    later = NOW + timedelta(seconds=30)
+    cursor, report = run_failures.tick(cursor, [run], _sinks(receiver, lake), later, links=links)
+    [note] = receiver.took[0]["notifications"]
+    assert note["links"] == {"trace": expected}  # the webhook body
+    [sent] = report.sent
+    assert f"<{expected.replace('&', '&amp;')}|Run trace>" in slack_alert_text(sent, NOW)
+    alert = AlertmanagerSink("http://127.0.0.1:9093").alert(sent, NOW)
+    assert alert["annotations"]["trace_url"] == expected
+
+
+def test_without_a_trace_template_a_failed_run_carries_no_link(receiver, tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    run = run_failures.FailedRun(RUN_ID, "gpu_ingest_job", NOW - timedelta(minutes=5), "it failed", NOW)
+    for links in (None, LinkTemplates(logs="https://grafana.test/logs?pod={pod}")):  # a logs one: no pod
+        receiver.took.clear()
+        _, report = run_failures.tick(
+            run_failures.Cursor.load(None, NOW), [run], _sinks(receiver, lake), NOW, links=links
+        )
+        [note] = receiver.took[0]["notifications"]
+        assert "links" not in note
+        [sent] = report.sent
+        assert sent.links == {} and "Run trace" not in slack_alert_text(sent, NOW)
+        assert "trace_url" not in AlertmanagerSink("http://127.0.0.1:9093").alert(sent, NOW)["annotations"]
+
+
+def test_a_run_that_never_started_links_from_its_failure():
+    run = run_failures.FailedRun(RUN_ID, "gpu_ingest_job", NOW, "it failed")
+    note = run_failures.notification(
+        run, "http://dagster", LinkTemplates(trace="https://g/{from_ms}-{to_ms}")
+    )
+    assert note.links == {"trace": f"https://g/{_ms(NOW)}-{_ms(NOW)}"}

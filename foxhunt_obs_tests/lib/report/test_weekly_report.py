@@ -21,7 +21,8 @@ from foxhunt_obs.lib.names import CLUSTER_IDLE
 from foxhunt_obs.lib.names import OTHER_EXPERIMENTS as OTHER
 from foxhunt_obs.lib.report import render_weekly_report
 from foxhunt_obs.lib.report.charts import IDLE_GREY, chart_series, experiment_colours
-from foxhunt_obs.lib.report.model import COST_POLICY, ReportDataError, WeeklyReportData
+from foxhunt_obs.lib.report.model import COST_POLICY, ReportDataError, ReportLinks, WeeklyReportData
+from foxhunt_obs.lib.tracing import LinkTemplates
 
 WEEK = date(2026, 11, 16)  # a Monday
 EXPERIMENTS = ("ppo-ant", "sac-humanoid", "dreamer-v3")
@@ -428,3 +429,62 @@ def test_both_activity_bases_and_the_split_policy_are_in_the_report():
     )
     assert "a hand-off at 14:20 charges the first pod 20 minutes and the second 40" in COST_POLICY
     assert "time-sliced GPU" in COST_POLICY and "its `namespace`" in COST_POLICY
+
+
+# -- links to the report run's trace and the named pods' logs (FOXHUNT_*_URL_TEMPLATE) ------------------
+RUN_ID = "7c3a2f10-5b4e-4d6a-9e8f-0a1b2c3d4e5f"
+RUN_STARTED = datetime(2026, 11, 23, 8, 0, 3, tzinfo=timezone.utc)
+LOGS_TEMPLATE = "https://grafana.test/explore?logs={namespace}/{pod}&from={from_ms}&to={to_ms}"
+TRACE_TEMPLATE = "https://grafana.test/explore?trace={trace_id}&from={from_ms}&to={to_ms}"
+
+
+def _ms(day: date) -> str:
+    return str(int(datetime.combine(day, datetime.min.time(), tzinfo=timezone.utc).timestamp() * 1000))
+
+
+def _linked(logs: str = LOGS_TEMPLATE, trace: str = TRACE_TEMPLATE) -> WeeklyReportData:
+    data = make_data()
+    # two pods in a namespace, one in none (no logs link: the template needs both)
+    data.wastes = data.wastes.assign(namespace=["ml", "ml", None, "rl team", "rl team"])
+    data.links = ReportLinks(LinkTemplates(logs=logs, trace=trace), RUN_ID, RUN_STARTED)
+    return data
+
+
+def test_report_links_to_its_run_trace_and_each_pods_week_of_logs():
+    r = render_weekly_report(_linked())
+    run_started_ms = str(int(RUN_STARTED.timestamp() * 1000))
+    trace = f"https://grafana.test/explore?trace={RUN_ID.replace('-', '')}&from={run_started_ms}&to=now"
+    assert f'<a href="{trace.replace("&", "&amp;")}">its trace</a>' in r.html
+    assert f"[its trace]({trace})" in r.markdown
+    week = f"&from={_ms(WEEK)}&to={_ms(WEEK + timedelta(days=7))}"  # Monday 00:00 to the next Monday
+    pods = make_data().wastes["pod"]
+    for pod, namespace in zip(pods, ["ml", "ml", None, "rl%20team", "rl%20team"]):
+        url = f"https://grafana.test/explore?logs={namespace}/{pod}{week}"
+        if namespace is None:
+            assert f"logs=None/{pod}" not in r.html and f"/{pod}&" not in r.markdown
+            continue
+        assert f'<a href="{url.replace("&", "&amp;")}">week&#x27;s logs</a>' in r.html
+        assert f"[week's logs]({url})" in r.markdown
+    assert r.html.count("<a href=") == 1 + 4 and r.markdown.count("](https://") == 1 + 4
+    assert "| Logs" in r.markdown and "<th>Logs</th>" in r.html
+
+
+def test_without_templates_the_report_has_no_links():
+    for data in (make_data(), _linked(logs="", trace="")):
+        r = render_weekly_report(data)
+        assert "<a " not in r.html and "](http" not in r.markdown
+        assert "Logs" not in r.markdown and "its trace" not in r.markdown
+    # only the one that is set
+    r = render_weekly_report(_linked(logs=""))
+    assert r.html.count("<a href=") == 1 and "its trace" in r.html and "Logs</th>" not in r.html
+
+
+def test_a_link_cannot_break_the_markdown_or_the_page():
+    """A template with characters Markdown or HTML give meaning to still makes one link each."""
+    r = render_weekly_report(_linked(trace='https://grafana.test/x?q={"a":[1]}&t=(|{trace_id}|)'))
+    [md_link] = re.findall(r"\[its trace\]\(([^)\s]*)\)", r.markdown)
+    assert "%7C" in md_link and "%28" in md_link and '"' not in md_link
+    assert '<a href="https://grafana.test/x?q={&quot;a&quot;:[1]}&amp;t=(|' in r.html
+    # a template that is no http(s) URL makes no link
+    r = render_weekly_report(_linked(logs="javascript:alert({pod})", trace="file:///{trace_id}"))
+    assert "<a " not in r.html and "javascript" not in r.markdown

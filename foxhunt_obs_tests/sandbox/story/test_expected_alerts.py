@@ -32,7 +32,9 @@ def note(rule: str, status: str, labels: dict) -> Notification:
 
 def test_the_small_scenario_expects_one_alert_per_incident(small):
     want = expected(small)
-    assert len(want) == 11
+    assert len(want) == 12
+    ray = [(e.rule, e.ident, e.start.minute, e.end.minute) for e in want if e.rule.startswith("ray_")]
+    assert ray == [("ray_worker_lost", "ppo-humanoid-ray", 10, 20)]  # worker-1's raylet gone 00:10-00:20
     stall = [e for e in want if e.rule == "gpu_training_stall"]
     assert [(e.ident, e.start.hour, e.end.hour, e.end.minute) for e in stall] == [
         ("ppo-humanoid-trainer-0", 2, 2, 40)
@@ -72,3 +74,5 @@ def test_ident():
     assert ident("cost_spike", {"project": "foxhunt-rl"}) == "foxhunt-rl"
     assert ident("budget_burn", {"budget_name": "foxhunt-monthly"}) == "foxhunt-monthly"
     assert ident("gpu_node_missing", {}) == ""
+    assert ident("ray_worker_lost", {"namespace": "rl", "ray_io_cluster": "rc"}) == "rc"
+    assert ident("ray_object_store_full", {"ray_io_cluster": "rc", "pod": "rc-worker-0"}) == "rc-worker-0"

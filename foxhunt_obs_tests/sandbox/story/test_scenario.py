@@ -493,7 +493,14 @@ def test_openmetrics_files(small, gpus, tmp_path):
     # no ECC counters in the Helm chart's list (ip-10-0-1-13)
     assert per_family["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"] == (gpus["node"] != "ip-10-0-1-13").sum()
     assert per_family["node_cpu_seconds_total"] == 3 * 4 * 3 * small.steps - 4 * 3 * 480
-    assert per_family["up"] == 6 * small.steps
+    # plus the Ray cluster's three targets while their pods live (00:00-00:30), 0 while worker-1 is lost
+    assert per_family["up"] == 6 * small.steps + 3 * 120
+    # Ray's series while each raylet answers: 120 + 120 + 80 scrapes (worker-1 lost 00:10-00:20)
+    alive = 120 + 120 + 80
+    assert per_family["ray_resources"] == 4 * alive  # GPU and object_store_memory, USED and AVAILABLE
+    assert per_family["ray_object_store_memory"] == alive
+    assert per_family["ray_tasks"] == alive + 2 * 120  # RUNNING everywhere, pending and failed on the head
+    assert per_family["ray_actors"] == 3 * 120  # the GCS's ALIVE, RESTARTING, DEAD on the head
     assert per_family["kube_node_labels"] == 3 * small.steps
     assert per_family["kube_node_info"] == 3 * small.steps - 480  # none while ip-10-0-1-12 is lost
     assert per_family["kube_pod_labels"] == sum((p.end_s - p.start_s) // 15 for p in small.pods)

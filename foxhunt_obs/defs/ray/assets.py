@@ -1,0 +1,58 @@
+"""Ray's cluster state from Prometheus into the lake (ray_samples)."""
+
+import dagster as dg
+
+from foxhunt_obs import assetkit
+from foxhunt_obs.defs.gpu.assets import IngestConfig
+from foxhunt_obs.defs.partitions import HOURLY, hours_of
+from foxhunt_obs.defs.resources import (
+    PROMETHEUS_POOL,
+    ClusterResource,
+    LakeResource,
+    PrometheusResource,
+)
+from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
+from foxhunt_obs.lib.ingest.ray_series import load_ray_catalog
+from foxhunt_obs.lib.tables import ray as ray_tables
+
+RAY_SAMPLES_CHECKS = [
+    dg.AssetCheckSpec(
+        "core_series_reported",
+        asset="ray_samples",
+        description="every Ray node that answered its scrape reported its object store (ray_metrics.yaml "
+        "core columns): a missing series is named with every spelling looked for",
+    ),
+    dg.AssetCheckSpec(
+        "ray_pods_scraped",
+        asset="ray_samples",
+        description="every KubeRay pod (kube_pod_labels ray.io/node-type) is a Ray target carrying the "
+        "ray_io_cluster label: a missing PodMonitor is named, never read as a cluster without workers",
+    ),
+    dg.AssetCheckSpec("unique_pod_ts", asset="ray_samples", description="one row per Ray pod per timestamp"),
+]
+
+
+# In the gpu group: the same hourly ingest and freshness window as gpu_samples (data/freshness.yaml).
+@dg.asset(
+    partitions_def=HOURLY,
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=24),
+    pool=PROMETHEUS_POOL,
+    group_name="gpu",
+    kinds={"prometheus", "parquet"},
+    check_specs=RAY_SAMPLES_CHECKS,
+    description="One row per Ray node (KubeRay pod) per scrape step: alive, logical GPUs used/available, "
+    "tasks pending/running/failed, the GCS's actor states, object store; experiment via the head pod.",
+)
+def ray_samples(
+    context: dg.AssetExecutionContext,
+    config: IngestConfig,
+    lake: LakeResource,
+    prometheus: PrometheusResource,
+    cluster: ClusterResource,
+):
+    built = assetkit.build(
+        ray_tables.ray_samples, lake.lake(), prometheus.client(), load_ray_catalog(), load_catalog(),
+        cluster.settings(), hours_of(context.partition_time_window), allow_fewer_rows=config.allow_fewer_rows,
+    )  # fmt: skip
+    assetkit.log(context, built)
+    yield from assetkit.results(built)
