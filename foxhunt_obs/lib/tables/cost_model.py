@@ -74,7 +74,10 @@ EC2_LINES_SQL = """
 SELECT hour, service, line_item_type, usage_type, instance_type, usage_amount, amortized_usd
 FROM costs_hourly WHERE day >= $first AND day <= $key AND service = 'AmazonEC2' AND instance_type <> ''
   AND resource_id IN (SELECT DISTINCT instance_id FROM node_samples
-                      WHERE instance_id <> '' AND ts >= $since AND ts < $until)
+                      -- the partition key first: only the window's hours are listed and read (on S3, a
+                      -- filter on ts alone read every partition of the table, for every day)
+                      WHERE hour >= $since_hour AND hour < $until_hour
+                        AND instance_id <> '' AND ts >= $since AND ts < $until)
 """
 
 
@@ -84,7 +87,14 @@ def bill_rates(con: duckdb.DuckDBPyConnection, day: datetime) -> EffectiveRates:
     before its own bill is in. Needs the views costs_hourly and node_samples."""
     until = datetime.combine(day.date(), time(), tzinfo=timezone.utc) + timedelta(days=1)
     since = until - timedelta(days=RATE_WINDOW_DAYS)
-    params = {"first": COSTS_DAILY.key(since), "key": COSTS_DAILY.key(day), "since": since, "until": until}
+    params = {
+        "first": COSTS_DAILY.key(since),
+        "key": COSTS_DAILY.key(day),
+        "since": since,
+        "until": until,
+        "since_hour": NODE_SAMPLES.key(since),
+        "until_hour": NODE_SAMPLES.key(until),
+    }
     lines = con.execute(EC2_LINES_SQL, params).to_arrow_table()
     return effective_rates(lines, until=day + timedelta(days=1))
 

@@ -41,16 +41,21 @@ BILL_TOLERANCE = 0.001  # allocations sum to the day's bill within 0.1 %
 
 
 def _per_day(lake: Lake, days: Sequence[datetime], reads: list[TableSpec], spec: TableSpec, build) -> dict:
-    """Each day: `build(connection over reads, day)` written as the day's partition of spec."""
+    """Each day: `build(connection over reads, day)` written as the day's partition of spec. One
+    connection for all the days: each connection lists every partition of the tables it reads (on S3,
+    listings and a dataset per table: a connection per day made cost_allocation 5x slower there). Its
+    views are the partitions as they were when it opened, which holds because no table reads itself."""
+    if spec in reads:
+        raise ValueError(f"{spec.name} reads itself: a connection opened once would not see its own writes")
     out = {}
-    for day in days:
-        con = lake.connect(reads)
-        try:
+    con = lake.connect(reads)
+    try:
+        for day in days:
             table = build(con, day)
-        finally:
-            con.close()
-        lake.write_partition(spec, spec.key(day), table)
-        out[spec.key(day)] = table
+            lake.write_partition(spec, spec.key(day), table)
+            out[spec.key(day)] = table
+    finally:
+        con.close()
     return out
 
 
