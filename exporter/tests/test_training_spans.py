@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from foxhunt_gpu_exporter import training
@@ -167,50 +166,20 @@ for fold in range(2):
 
 
 def test_fold_spans_reach_an_otlp_http_receiver_in_the_wire_format(tmp_path):
-    trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
-    received: list = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            request = trace_service.ExportTraceServiceRequest()
-            request.ParseFromString(body)
-            received.append((self.path, self.headers["Content-Type"], request))
-            reply = trace_service.ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_"))}
-    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}",
-               OTEL_SERVICE_NAME="foxhunt-trainer-test")  # fmt: skip
-    try:
+    # the repo's receiver: it takes only POST /v1/traces as application/x-protobuf, decoded with
+    # opentelemetry-proto's ExportTraceServiceRequest
+    otlp = pytest.importorskip("foxhunt_obs_tests.otlp_receiver")
+    with otlp.OtlpReceiver() as receiver:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_"))}
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_SERVICE_NAME="foxhunt-trainer-test")
         r = subprocess.run(
             [sys.executable, "-c", TRAINER], env=env, capture_output=True, text=True, timeout=60
         )
-    finally:
-        server.shutdown()
-        server.server_close()
     assert r.returncode == 0, r.stderr[-2000:]
-    assert received, f"no OTLP request arrived; trainer log:\n{r.stderr[-2000:]}"
-    spans = []
-    for path, content_type, request in received:
-        assert path == "/v1/traces" and content_type == "application/x-protobuf"
-        for resource_spans in request.resource_spans:
-            resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-            assert resource["service.name"] == "foxhunt-trainer-test"
-            spans += [s for scope in resource_spans.scope_spans for s in scope.spans]
-    assert [s.name for s in spans] == [SPAN_NAME, SPAN_NAME]
-    folds = {}
-    for s in spans:
-        attrs = {a.key: a.value for a in s.attributes}
-        folds[attrs["training.fold"].string_value] = attrs["training.epoch_loss"].double_value
+    assert receiver.requests, f"no OTLP request arrived; trainer log:\n{r.stderr[-2000:]}"
+    spans = receiver.spans
+    assert {s["resource"]["service.name"] for s in spans} == {"foxhunt-trainer-test"}
+    assert [s["name"] for s in spans] == [SPAN_NAME, SPAN_NAME]
+    folds = {s["attributes"]["training.fold"]: s["attributes"]["training.epoch_loss"] for s in spans}
     assert folds == {"0": 0.25, "1": 0.5}

@@ -3,7 +3,6 @@
 kube_pod_labels only), read back by the function the ray_samples asset runs and by the alert sensor's code
 replayed over the hour; both compared with the scenario's truth."""
 
-import subprocess
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -24,7 +23,12 @@ from foxhunt_obs.lib.schemas import RAY_SAMPLES
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 from foxhunt_obs.lib.tables import ray as ray_tables
 from foxhunt_obs.lib.tables.gpu import FewerRows
-from foxhunt_obs.sandbox.servers.prometheus import PROMTOOL, PrometheusServer, build_tsdb, copy_tsdb
+from foxhunt_obs.sandbox.servers.prometheus import (
+    PrometheusServer,
+    backfill_openmetrics,
+    build_tsdb,
+    copy_tsdb,
+)
 from foxhunt_obs.sandbox.story import expected_alerts, truth
 from foxhunt_obs.sandbox.writers.openmetrics import RAY_METRICS
 
@@ -278,11 +282,7 @@ def _kuberay_history() -> str:
 def kuberay_prometheus(tmp_path_factory):
     work = tmp_path_factory.mktemp("kuberay")
     (work / "history.om").write_text(_kuberay_history())
-    subprocess.run(
-        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(work / "history.om"), str(work / "tsdb")],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    backfill_openmetrics(work / "history.om", work / "tsdb")
     with PrometheusServer(work / "tsdb", workdir=work) as server:
         yield server
 

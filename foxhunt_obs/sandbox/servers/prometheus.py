@@ -77,15 +77,7 @@ def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = 
         done = [0]
 
         def backfill(f: Path) -> None:
-            r = subprocess.run(
-                [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(f), str(tmp / "tsdb")],
-                capture_output=True,
-                text=True,
-            )
-            if r.returncode:
-                raise SandboxError(
-                    f"promtool failed on {f.name} (exit {r.returncode}): {r.stderr.strip()[-2000:]}"
-                )
+            backfill_openmetrics(f, tmp / "tsdb")
             f.unlink()  # the text is ~30x the size of the block made from it
             done[0] += 1
             if done[0] % 12 == 0 or done[0] == len(files):
@@ -101,6 +93,20 @@ def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = 
 
     final = tsdb_path(scenario, cache_root, metrics).parent
     return build_once(final, build, f"{scenario.name} {scenario.fingerprint()}") / "tsdb"
+
+
+def backfill_openmetrics(text: Path, tsdb: Path) -> Path:
+    """An OpenMetrics text file (ending in `# EOF`) added to the TSDB at ``tsdb`` as blocks by promtool."""
+    r = subprocess.run(
+        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(text), str(tsdb)],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode:
+        raise SandboxError(
+            f"promtool failed on {Path(text).name} (exit {r.returncode}): {r.stderr.strip()[-2000:]}"
+        )
+    return Path(tsdb)
 
 
 def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:

@@ -16,7 +16,7 @@ from foxhunt_obs.lib.ingest.gpu_series import Window, gpu_containers
 from foxhunt_obs.lib.ingest.metric_catalog import ScrapeTargets, load_catalog
 from foxhunt_obs.lib.ingest.recording_rules import recording_rules, render
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-from foxhunt_obs.sandbox.servers.prometheus import PROMTOOL, PrometheusServer
+from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer, backfill_openmetrics
 
 NODE_LABELS = ("node", "kubernetes_node", "Hostname", "hostname", "instance")
 JOB = "training/foxhunt-training"  # the PodMonitor of exporter/deploy/sidecar-job.yaml
@@ -250,18 +250,7 @@ def test_the_ingest_counts_a_limit_seen_within_the_same_look_back(tmp_path):
     for labels, value, ends in series:  # one sample a minute for half an hour, ending `ends` minutes early
         body += [f"{labels} {value} {int(start - m * 60)}" for m in range(ends + 30, ends - 1, -1)]
     (tmp_path / "om.txt").write_text("\n".join(sorted(body, key=lambda x: (x[0] != "#", x))) + "\n# EOF\n")
-    subprocess.run(
-        [
-            PROMTOOL,
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            str(tmp_path / "om.txt"),
-            str(tmp_path / "tsdb"),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    backfill_openmetrics(tmp_path / "om.txt", tmp_path / "tsdb")
     with PrometheusServer(tmp_path / "tsdb", workdir=tmp_path) as server:
         window = Window(start, start + 3600, 60, "gpu_samples test")
         got = gpu_containers(PrometheusClient(server.url), load_catalog(), window)
