@@ -77,6 +77,7 @@ bench: install
 	$(PY) bench/report.py
 	$(PY) bench/sensors.py
 	$(PY) bench/lake_s3.py
+	$(PY) bench/summary.py
 
 lint: install
 	.venv/bin/ruff check .

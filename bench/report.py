@@ -7,17 +7,19 @@ per instance-hour at the price table's p4de price, tagged Project/Environment, p
 lines) and costs_daily (the CUR rows summed per resource, as the costs_daily asset does, plus the estimate).
 No MLflow tables: the lake's views are empty, so outcome_per_dollar is empty, as on a cluster without runs.
 
-  ours    what the assets do, without Dagster: for each of the 7 days gpu_hourly -> cost_allocation ->
-          utilization_per_dollar -> outcome_per_dollar (the same lib calls over the same lake views, each
-          partition written, each asset's metadata queries and checks run), then weekly_cost_report
+  ours    what the assets do, without Dagster, for a run of the 7 days: gpu_hourly -> cost_allocation ->
+          utilization_per_dollar -> outcome_per_dollar (the functions the assets call, lib/tables/daily.py:
+          each partition written, each asset's metadata queries and checks run), then weekly_cost_report
           (weekly_report_data + render_weekly_report + Lake.write_files; its matplotlib import counted, as
           the asset imports it lazily)
   pandas  the obvious alternative for the biggest stage, gpu_hourly: read the week's gpu_samples with
           pandas.read_parquet (only the columns it needs), groupby GPU-hour with the same outputs, write the
           same 7 partitions; its output is checked against ours
 
-Each method runs in a fresh process (so peak RSS is its own: ru_maxrss of that process), three times per
-size; the median counts. Imports of duckdb/pyarrow/pandas/foxhunt_obs are not timed.
+Sizes: 64 and 512 GPUs (ours three times, pandas three times, the median counts) and 4,096 GPUs (ours once,
+no pandas: ~15 GB), which shows whether the time grows linearly. `--sizes 64,512` runs fewer. Each method
+runs in a fresh process (so peak RSS is its own: ru_maxrss of that process). Imports of
+duckdb/pyarrow/pandas/foxhunt_obs are not timed. The targets are issue 19's (TARGETS).
 Writes bench/results/report.json and prints a table.
 """
 
@@ -42,11 +44,20 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run as a script from anywhere
 
 RESULTS = HERE / "results"
-SIZES = (64, 512)
-RUNS = 3
-PANDAS_RUNS = {64: 3, 512: 3}
+SIZES = (64, 512, 4096)
+RUNS = {64: 3, 512: 3, 4096: 1}  # 4,096 GPUs: one run (~2 min), to show the growth is linear
+PANDAS_RUNS = {64: 3, 512: 3, 4096: 0}  # pandas at 4,096 GPUs would hold ~15 GB
 PANDAS_TIMEOUT_S = 240  # per run; past it the 512-GPU pandas figure is reported as not measured
-TARGETS = {"total_s_64": 10, "peak_rss_gb_64": 2}
+# issue 19: gpu_hourly and the whole report at 64 and 512 GPUs, memory at 512, and growth no worse than
+# linear from 512 to 4,096 GPUs (seconds per GPU at 4,096 within 1.25x of 512's)
+TARGETS = {
+    "gpu_hourly_s_64": 0.8,
+    "pandas_over_ours_gpu_hourly_64": 4.0,
+    "total_s_64": 2.5,
+    "total_s_512": 12.0,
+    "peak_rss_gb_512": 1.0,
+    "per_gpu_4096_over_512": 1.25,
+}
 
 WEEK_START = datetime(2026, 11, 16, tzinfo=timezone.utc)  # a Monday
 DAYS = 7
@@ -580,6 +591,7 @@ def run_pandas(root: str, out_root: str) -> dict:
         util_mean=("util", "mean"),
         active_gpu_seconds=("active", "sum"),
         held_seconds=("held_s", "sum"),
+        held_wall_seconds=("held_s", "sum"),  # one row per GPU and step: held wall-clock = held seconds
         energy_j=("inc_energy", "sum"),
         watt_s=("watt_s", "sum"),
         temp_max_celsius=("temp_celsius", "max"),
@@ -689,7 +701,7 @@ def summarize(runs: list[dict]) -> dict:
     }
 
 
-def main() -> None:
+def main(sizes: tuple[int, ...] = SIZES) -> None:
     import duckdb
     import numpy as np
     import pandas as pd
@@ -732,13 +744,13 @@ def main() -> None:
                        capture_output=True, cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
         result["baseline"] = {"rev": baseline_rev}
     try:
-        for gpus in SIZES:
+        for gpus in sizes:
             load_before = os.getloadavg()[0]
             with tempfile.TemporaryDirectory(prefix=f"foxhunt-bench-report-{gpus}-") as work:
                 lake_dir, pandas_dir = f"{work}/lake", f"{work}/pandas"
                 lake_info = child(["--build", lake_dir, "--gpus", str(gpus)])
                 print(f"{gpus} GPUs: lake built in {lake_info['build_seconds']} s", file=sys.stderr)
-                ours_runs = [child(["--method", "ours", "--lake", lake_dir]) for _ in range(RUNS)]
+                ours_runs = [child(["--method", "ours", "--lake", lake_dir]) for _ in range(RUNS[gpus])]
                 pandas_runs, skipped = [], None
                 # pandas holds the whole week in memory: from the 64-GPU run's peak, scaled by rows, decide
                 # whether this size fits in what the machine has free now (with a 30 % margin)
@@ -760,7 +772,7 @@ def main() -> None:
                 # last: the baseline rewrites the lake's derived tables in its own grain
                 base_runs = [
                     child(["--method", "ours", "--lake", lake_dir], checkout=baseline_dir)
-                    for _ in range(RUNS if baseline_dir else 0)
+                    for _ in range(RUNS[gpus] if baseline_dir else 0)
                 ]
             ours = summarize(ours_runs)
             entry: dict = {"lake": lake_info, "ours": ours}
@@ -810,7 +822,7 @@ def main() -> None:
                         "rows_read"
                     ]
             else:
-                entry["pandas_gpu_hourly"] = {"skipped": skipped}
+                entry["pandas_gpu_hourly"] = {"skipped": skipped or "not run at this size"}
             entry["load_average_1m"] = {
                 "before": round(load_before, 2),
                 "after": round(os.getloadavg()[0], 2),
@@ -821,55 +833,90 @@ def main() -> None:
         if baseline_dir:
             subprocess.run(["git", "worktree", "remove", "--force", baseline_dir], capture_output=True,
                            cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
-    small, big = result["sizes"]["64"]["ours"], result["sizes"]["512"]["ours"]
-    result["growth_512_over_64"] = {
-        "gpus": 8.0,
-        "total_s": round(big["total_s_median"] / small["total_s_median"], 2),
-        "peak_rss": round(big["peak_rss_mb"] / small["peak_rss_mb"], 2),
-        "stages_s": {
-            s: round(big["stages_s_median"][s] / max(small["stages_s_median"][s], 1e-9), 2) for s in STAGES
-        },
-    }
-    result["target_check"] = {
-        "total_s_64": small["total_s_median"],
-        "total_ok": small["total_s_median"] <= TARGETS["total_s_64"],
-        "peak_rss_gb_64": round(small["peak_rss_mb"] / 1024, 3),
-        "rss_ok": small["peak_rss_mb"] / 1024 <= TARGETS["peak_rss_gb_64"],
-        "sums_to_the_bill": all(
-            result["sizes"][str(g)]["ours"]["out"]["cost_allocation"]["sums_to_the_bill"] for g in SIZES
-        ),
+    result["target_check"] = check_targets(result["sizes"])
+    first = min(int(g) for g in result["sizes"])
+    result["growth_over_smallest"] = {
+        g: {
+            "gpus": int(g) / first,
+            "total_s": round(
+                e["ours"]["total_s_median"] / result["sizes"][str(first)]["ours"]["total_s_median"], 2
+            ),
+            "peak_rss": round(
+                e["ours"]["peak_rss_mb"] / result["sizes"][str(first)]["ours"]["peak_rss_mb"], 2
+            ),
+        }
+        for g, e in result["sizes"].items()
     }
     result["bench_seconds"] = round(time.perf_counter() - t_bench, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "report.json").write_text(json.dumps(result, indent=2) + "\n")
 
-    print(f"{'stage (median of ' + str(RUNS) + ', s)':32} {'64 GPUs':>9} {'512 GPUs':>9} {'512/64':>7}")
-    for s in STAGES:
-        a, b = small["stages_s_median"][s], big["stages_s_median"][s]
-        print(f"{s:32} {a:9.3f} {b:9.3f} {b / max(a, 1e-9):7.1f}")
-    print(
-        f"{'total':32} {small['total_s_median']:9.3f} {big['total_s_median']:9.3f} {result['growth_512_over_64']['total_s']:7.1f}"
+    print_table(result)
+
+
+def check_targets(sizes: dict) -> dict:
+    def ours(g: int) -> dict | None:
+        return sizes[str(g)]["ours"] if str(g) in sizes else None
+
+    small, mid, big = ours(64), ours(512), ours(4096)
+    check: dict = {}
+
+    def target(name: str, value: float | None, ok) -> None:
+        if value is not None:
+            check[name] = {
+                "value": round(value, 3),
+                "target": TARGETS[name],
+                "ok": bool(ok(value, TARGETS[name])),
+            }
+
+    if small:
+        target("gpu_hourly_s_64", small["stages_s_median"]["gpu_hourly"], lambda v, t: v <= t)
+        target("total_s_64", small["total_s_median"], lambda v, t: v <= t)
+        ratio = sizes["64"].get("ratios", {}).get("pandas_over_ours_gpu_hourly_seconds")
+        target("pandas_over_ours_gpu_hourly_64", ratio, lambda v, t: v >= t)
+    if mid:
+        target("total_s_512", mid["total_s_median"], lambda v, t: v <= t)
+        target("peak_rss_gb_512", mid["peak_rss_mb"] / 1024, lambda v, t: v <= t)
+    if mid and big:
+        per_gpu = (big["total_s_median"] / 4096) / (mid["total_s_median"] / 512)
+        target("per_gpu_4096_over_512", per_gpu, lambda v, t: v <= t)
+    check["sums_to_the_bill"] = all(
+        sizes[g]["ours"]["out"]["cost_allocation"]["sums_to_the_bill"] for g in sizes
     )
-    print(
-        f"{'peak RSS MB':32} {small['peak_rss_mb']:9.0f} {big['peak_rss_mb']:9.0f} {result['growth_512_over_64']['peak_rss']:7.1f}"
+    check["same_output_as_pandas"] = all(
+        e["pandas_gpu_hourly"]["same_output_as_ours"]["equal"]
+        for e in sizes.values()
+        if "same_output_as_ours" in e["pandas_gpu_hourly"]
     )
-    for g in SIZES:
-        e = result["sizes"][str(g)]
-        p = e["pandas_gpu_hourly"]
+    return check
+
+
+def print_table(result: dict) -> None:
+    sizes = result["sizes"]
+    gs = list(sizes)
+    print(f"{'stage (median, s)':26}" + "".join(f"{g + ' GPUs':>11}" for g in gs))
+    for st in STAGES:
+        print(f"{st:26}" + "".join(f"{sizes[g]['ours']['stages_s_median'][st]:11.3f}" for g in gs))
+    print(f"{'total':26}" + "".join(f"{sizes[g]['ours']['total_s_median']:11.3f}" for g in gs))
+    print(f"{'peak RSS MB':26}" + "".join(f"{sizes[g]['ours']['peak_rss_mb']:11.0f}" for g in gs))
+    print(
+        f"{'load average (1 min)':26}" + "".join(f"{sizes[g]['load_average_1m']['before']:11.2f}" for g in gs)
+    )
+    for g in gs:
+        p = sizes[g]["pandas_gpu_hourly"]
         if "skipped" in p:
-            print(f"gpu_hourly {g} GPUs: pandas {p['skipped']}")
             continue
         print(
-            f"gpu_hourly {g} GPUs: pandas {p['seconds_median']:.2f} s / ours {e['ours']['stages_s_median']['gpu_hourly']:.2f} s"
-            f" = {e['ratios']['pandas_over_ours_gpu_hourly_seconds']:.1f}x; peak RSS pandas {p['peak_rss_mb']} MB"
-            f" vs ours (whole report) {e['ours']['peak_rss_mb']} MB; same output: {p['same_output_as_ours']['equal']}"
+            f"gpu_hourly {g} GPUs: pandas {p['seconds_median']:.2f} s / ours "
+            f"{sizes[g]['ours']['stages_s_median']['gpu_hourly']:.2f} s = "
+            f"{sizes[g]['ratios']['pandas_over_ours_gpu_hourly_seconds']:.1f}x; same output: "
+            f"{p['same_output_as_ours']['equal']}"
         )
-    tc = result["target_check"]
-    print(
-        f"64 GPUs: total {tc['total_s_64']:.2f} s (target <= {TARGETS['total_s_64']}: {'ok' if tc['total_ok'] else 'MISSED'}),"
-        f" peak RSS {tc['peak_rss_gb_64']:.2f} GB (target <= {TARGETS['peak_rss_gb_64']}: {'ok' if tc['rss_ok'] else 'MISSED'});"
-        f" allocations sum to the bill: {tc['sums_to_the_bill']}"
-    )
+    for name, c in result["target_check"].items():
+        if isinstance(c, dict):
+            print(f"target {name}: {c['value']} (target {c['target']}): {'ok' if c['ok'] else 'MISSED'}")
+        else:
+            print(f"{name}: {c}")
 
 
 if __name__ == "__main__":
@@ -879,6 +926,7 @@ if __name__ == "__main__":
     p.add_argument("--method", choices=["ours", "pandas"])
     p.add_argument("--lake")
     p.add_argument("--out")
+    p.add_argument("--sizes", type=lambda v: tuple(int(x) for x in v.split(",")), default=SIZES)
     a = p.parse_args()
     if a.build:
         print(json.dumps(build_lake(a.build, a.gpus)))
@@ -887,4 +935,4 @@ if __name__ == "__main__":
     elif a.method == "pandas":
         print(json.dumps(run_pandas(a.lake, a.out)))
     else:
-        main()
+        main(a.sizes)

@@ -86,11 +86,13 @@ def _hour(s: str) -> datetime:
 
 
 def _progress_to_stderr() -> None:
-    """The sandbox's progress lines (the history build: blocks written, days of rules evaluated) on
-    stderr, so a first build never looks like a silent terminal; nothing else's logging is touched."""
-    sandbox_log = logging.getLogger("foxhunt_obs.sandbox")
-    if not sandbox_log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        sandbox_log.addHandler(handler)
-        sandbox_log.setLevel(logging.INFO)
+    """The progress lines of the sandbox (the history build: series written, blocks, days of rules
+    evaluated) and of the CLI (the demo's runs: partitions done, the alert replay's ticks) on stderr, so
+    a long step never looks like a silent terminal; nothing else's logging is touched."""
+    for name in ("foxhunt_obs.sandbox", "foxhunt_obs.cli"):
+        progress = logging.getLogger(name)
+        if not progress.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            progress.addHandler(handler)
+            progress.setLevel(logging.INFO)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import sys
 from pathlib import Path
+
+log = logging.getLogger(__name__)  # progress lines: the CLI shows them on stderr
 
 STATE_DIR = Path(".foxhunt/sandbox")
 DEFAULT_PORT = 19090
@@ -50,16 +53,20 @@ def sandbox(args) -> int:
     return 0
 
 
-def up(args, trainer: bool = False) -> dict:
+def up(args, trainer: bool = False, records_from=None) -> dict:
     """Prometheus (with the live exporter, and the example trainer if asked) first: its up() clears the
-    run dir the others' files go in. `sandbox down` stops the trainer with the rest."""
+    run dir the others' files go in. `sandbox down` stops the trainer with the rest. ``records_from``: a
+    first history build records the rules from there on only (the demo's: prometheus.build_tsdb)."""
     from foxhunt_obs.sandbox.servers import prometheus as sandbox
     from foxhunt_obs.sandbox.servers.mlflow_server import up_mlflow
     from foxhunt_obs.sandbox.servers.moto_server import sandbox_env, up_moto
 
-    info = sandbox.up(args.scenario, args.state_dir, args.port, trainer=trainer)
+    info = sandbox.up(args.scenario, args.state_dir, args.port, trainer=trainer, records_from=records_from)
     try:
+        # each ~10-15 s the first time: say so, as the history build does
+        log.info("MLflow: starting its server (the scenario's runs are logged once, then cached)")
         info["mlflow_url"] = up_mlflow(args.scenario, args.state_dir, args.mlflow_port)["url"]
+        log.info("AWS (moto): starting it and seeding FSx, CloudWatch, CUR 2.0 in S3, Cost Explorer, Budgets")
         aws = up_moto(args.scenario, args.state_dir, args.moto_port)
         info["aws_url"], info["aws_env"] = aws["endpoint_url"], sandbox_env(aws)
     except BaseException:

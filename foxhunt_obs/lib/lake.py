@@ -222,17 +222,20 @@ class Lake:
 
     # -- reads ----------------------------------------------------------------------------------------
     def read_partition(
-        self, spec: TableSpec, value: str, columns: list[str] | None = None
+        self, spec: TableSpec, value: str, columns: list[str] | None = None, use_threads: bool = True
     ) -> pa.Table | None:
-        """The stored table (without the partition column), or None when never written."""
+        """The stored table (without the partition column), or None when never written. use_threads=False
+        decodes on the calling thread only (less CPU in all, for a caller running beside other work)."""
         path = f"{self._part_dir(spec, value)}/{FILE_NAME}"
         try:
             if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
                 return None
             with self.fs.open_input_file(path) as f:
+                file = pq.ParquetFile(f)
                 if columns is not None:  # partitions written before a column existed lack it
-                    columns = [c for c in columns if c in pq.read_schema(f).names]
-                return pq.read_table(f, columns=columns)
+                    names = set(file.schema_arrow.names)
+                    columns = [c for c in columns if c in names]
+                return file.read(columns=columns, use_threads=use_threads)
         except Exception as e:
             raise self._error(LakeError, spec, value, f"read failed: {e!r}") from e
 

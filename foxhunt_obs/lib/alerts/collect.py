@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import inspect
+import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from functools import partial
 
 import pandas as pd
 
@@ -143,27 +145,81 @@ def _frame(source: str, read, sources: Sources, now: datetime) -> pd.DataFrame:
         return frame
 
 
+# The Prometheus rules' instant queries run side by side, this many at a time: Prometheus evaluates each
+# query on one core, so one after another a 1,024-GPU tick waits on every rule in turn (bench/sensors.py).
+# Well under a Prometheus's own --query.max-concurrency (default 20: `prometheus --help`, 2.42), which it
+# shares with dashboards and the ingest.
+PROMETHEUS_QUERIES_AT_ONCE = 4
+
+
 def _prometheus(rules: list[Rule], sources: Sources, now: datetime, out: Evaluation) -> None:
+    """Every Prometheus rule's query at `now`, PROMETHEUS_QUERIES_AT_ONCE at a time; the findings in the
+    catalog's order, as one after another. A rule whose query fails fails the source, as before."""
     client, at = sources.prometheus, now.timestamp()
-    gpus: dict[tuple[str, str], float] | None = None
-    for rule in rules:
+    gpus_lock, gpus = threading.Lock(), []  # GPUS_PER_POD's answer, asked once, by the first rule needing it
+
+    def gpus_per_pod() -> dict[tuple[str, str], float]:
+        with gpus_lock:
+            if not gpus:
+                gpus.append(
+                    {
+                        (m.get("namespace", ""), m.get("pod", "")): int(v)
+                        for m, v in client.query(GPUS_PER_POD, at, what="GPUs per pod")
+                    }
+                )
+            return gpus[0]
+
+    def evaluate(rule: Rule) -> list[Finding]:
         with _rule_span(rule) as span:
             samples = client.query(rule.expr(), at, what=f"alert rule {rule.id}")
             vector = [{"metric": labels, "value": [at, str(value)]} for labels, value in samples]
             findings = from_vector(rule, vector, now)
             if findings and "{gpus" in rule.summary + rule.description:
-                if gpus is None:
-                    gpus = {
-                        (m.get("namespace", ""), m.get("pod", "")): int(v)
-                        for m, v in client.query(GPUS_PER_POD, at, what="GPUs per pod")
-                    }
+                per_pod = gpus_per_pod()
                 for f in findings:
                     f.extra.setdefault(
-                        "gpus", gpus.get((f.labels.get("namespace", ""), f.labels.get("pod", "")), 0)
+                        "gpus", per_pod.get((f.labels.get("namespace", ""), f.labels.get("pod", "")), 0)
                     )
             tracing.set_attributes(span, {"foxhunt.alert.findings": len(findings)})
+        return findings
+
+    if len(rules) <= 1:
+        results = [evaluate(rule) for rule in rules]
+    else:
+        results = _side_by_side([partial(evaluate, rule) for rule in rules], PROMETHEUS_QUERIES_AT_ONCE)
+    for rule, findings in zip(rules, results):
         out.findings += findings
         out.evaluated.add(rule.id)
+
+
+def _side_by_side(calls: list[Callable], at_once: int) -> list:
+    """The calls' results in order, at most `at_once` running, each on a daemon thread in a copy of this
+    thread's context (the rules' spans hang under the tick's). Daemon threads, as the source's own: a hung
+    query must not keep the process from exiting. The first error is raised at once and no further call
+    starts; those running end within their request's deadline."""
+    results: list = [None] * len(calls)
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run(i: int) -> None:
+        try:
+            finished.put((i, calls[i](), None))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread, raised there
+            finished.put((i, None, e))
+
+    started = running = 0
+    for _ in calls:
+        while running < at_once and started < len(calls):
+            context = contextvars.copy_context()
+            threading.Thread(
+                target=context.run, args=(run, started), daemon=True, name="alert-prometheus"
+            ).start()
+            started, running = started + 1, running + 1
+        i, value, error = finished.get()
+        running -= 1
+        if error is not None:
+            raise error
+        results[i] = value
+    return results
 
 
 def _frame_rules(rules: list[Rule], frame: pd.DataFrame, now: datetime, out: Evaluation) -> None:

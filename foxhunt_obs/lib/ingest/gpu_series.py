@@ -173,8 +173,8 @@ class _Grid:
         source: str,
     ):
         lab = catalog.labels
-        gpu_of_series = np.empty(len(res.labels), np.int64)
-        labels_of_series = np.empty(len(res.labels), np.int64)
+        gpu_of_series = np.empty(len(res.labels), np.int32)
+        labels_of_series = np.empty(len(res.labels), np.int32)
         for i, x in enumerate(res.labels):
             node = node_of(x, node_labels)
             key = (
@@ -192,16 +192,22 @@ class _Grid:
             labels_of_series[i] = self.label_sets.setdefault(names, len(self.label_sets))
         if source not in self.sources:
             self.sources.append(source)
-        series = res.series_of_point()
-        step = (np.rint(res.ts * 1000).astype(np.int64) - self.start_ms + self.step_ms // 2) // self.step_ms
+        # Arrays of a day's points cost more to allocate than to compute on (first-touch page faults):
+        # one array per quantity, arithmetic in place, no filtering copy when every point is in the window.
+        counts = np.diff(res.offsets)
+        step = np.rint(res.ts * 1000).astype(np.int64)
+        step += self.step_ms // 2 - self.start_ms
+        step //= self.step_ms
         ok = (step >= 0) & (step < self.n_steps)
+        every = bool(ok.all())
+        gpu, labels = np.repeat(gpu_of_series, counts), np.repeat(labels_of_series, counts)
         self.points.append(
             (
                 column,
-                gpu_of_series[series][ok],
-                step[ok],
-                res.values[ok] * scale,
-                labels_of_series[series][ok],
+                gpu if every else gpu[ok],
+                step if every else step[ok],
+                (res.values if every else res.values[ok]) * scale,
+                labels if every else labels[ok],
                 self.sources.index(source),
             )
         )
@@ -211,17 +217,9 @@ class _Grid:
     ) -> pa.Table:
         if not self.gpus:
             return GPU_SAMPLES.schema.empty_table()
-        shape = (len(self.gpus), self.n_steps)
-        values = {c: np.full(shape, np.nan) for c in fetched}
-        present = {c: np.zeros(shape, bool) for c in fetched}
-        source_of = {c: np.full(shape, -1, np.int64) for c in fetched}
-        label_set = np.full(shape, -1, np.int64)
-        for column, g, k, v, lab, src in self.points:
-            values[column][g, k] = v
-            present[column][g, k] = True
-            source_of[column][g, k] = src
-            label_set[g, k] = lab
         # Rows in (ts, node, gpu, uuid, gpu_instance, vgpu) order: GPUs sorted by key, cells step-major.
+        # The grids are laid out in that order (cell = step * GPUs + rank of the GPU), so the rows are the
+        # present cells in index order: one flatnonzero, then gathers that walk memory forwards.
         keys = list(self.gpus)
         order = np.array(
             sorted(
@@ -235,14 +233,48 @@ class _Grid:
                 ),
             )
         )
-        any_present = np.logical_or.reduce([present[c] for c in fetched])[order]
-        k, r = np.nonzero(any_present.T)
-        g = order[r]
+        order = order.astype(np.int32)
+        n_gpus = len(keys)
+        rank = np.empty(n_gpus, np.int64)
+        rank[order] = np.arange(n_gpus)
+        size = n_gpus * self.n_steps
+        values = {c: np.full(size, np.nan) for c in fetched}
+        present = {c: np.zeros(size, bool) for c in fetched}
+        # which source gave a value: kept only for the columns a basis column names
+        sourced = {c for m in catalog.gpu_metrics if m.basis_column for c in (m.column, m.otherwise) if c}
+        source_of = {c: np.full(size, -1, np.int32) for c in fetched & sourced}
+        label_set = np.full(size, -1, np.int32)
+        for column, g, k, v, lab, src in self.points:
+            cell = k * n_gpus
+            cell += rank[g]
+            values[column][cell] = v
+            present[column][cell] = True
+            if column in source_of:
+                source_of[column][cell] = src
+            label_set[cell] = lab
+        any_present = np.logical_or.reduce([present[c] for c in fetched])
+        dense = bool(any_present.all())  # every GPU at every step (the usual case): the grids are the columns
+        if dense:
+            k, g = np.repeat(np.arange(self.n_steps), n_gpus), np.tile(order, self.n_steps)
+        else:
+            cell = np.flatnonzero(any_present)
+            k, r = np.divmod(cell, n_gpus)
+            g = order[r]
+
+        def pick(grid: np.ndarray) -> np.ndarray:
+            return grid if dense else grid[cell]
+
+        def source_ids(column: str) -> np.ndarray:
+            """Per row, the id (in self.sources) of the source that gave `column`; -1 where none did."""
+            return pick(source_of[column]) if column in source_of else np.full(len(k), -1, np.int32)
+
         names = list(self.label_sets)
         gpu_rows = g
-        label_rows = label_set[g, k]
+        label_rows = pick(label_set)
+        ts = k * self.step_ms
+        ts += self.start_ms
         cols: dict[str, pa.Array] = {
-            "ts": pa.array(self.start_ms + k * self.step_ms, pa.timestamp("ms", tz="UTC")),
+            "ts": pa.array(ts, pa.timestamp("ms", tz="UTC")),
             "node": _labels(gpu_rows, [key[0] for key in keys]),
             "gpu": pa.array([key[1] for key in keys], pa.int32()).take(pa.array(gpu_rows)),
             "uuid": _labels(gpu_rows, [key[2] for key in keys]),
@@ -263,12 +295,13 @@ class _Grid:
         cols["run_id"] = _labels(label_rows, run_of)
         for m in catalog.gpu_metrics:
             if m.column in fetched:
-                cols[m.column] = pa.array(values[m.column][g, k], mask=~present[m.column][g, k])
+                cols[m.column] = pa.array(pick(values[m.column]), mask=~pick(present[m.column]))
             else:
                 cols[m.column] = pa.nulls(len(k), pa.float64())
         cols["step_seconds"] = pa.array(np.full(len(k), self.window.step))
         for m in catalog.gpu_metrics:  # e.g. total memory = used + free where the exporter has no total
-            if m.otherwise_sum_of:
+            # a sum with a null term is null, and coalescing with all nulls changes nothing: skip that work
+            if m.otherwise_sum_of and not any(_all_null(cols[c]) for c in m.otherwise_sum_of):
                 total = cols[m.otherwise_sum_of[0]]
                 for other in m.otherwise_sum_of[1:]:
                     total = pc.add(total, cols[other])
@@ -278,11 +311,12 @@ class _Grid:
         for m in catalog.gpu_metrics:  # e.g. a MIG slice's util from GR_ENGINE_ACTIVE, with its basis named
             if not m.basis_column:
                 continue
-            src = self._source_ids(source_of, m.column, g, k)
+            src = source_ids(m.column)
             if m.otherwise:
-                fallback = self._source_ids(source_of, m.otherwise, g, k)
+                fallback = source_ids(m.otherwise)
                 src = np.where(src >= 0, src, fallback)
-                cols[m.column] = pc.coalesce(cols[m.column], cols[m.otherwise])
+                if not _all_null(cols[m.otherwise]):
+                    cols[m.column] = pc.coalesce(cols[m.column], cols[m.otherwise])
             cols[m.basis_column] = _labels(src + 1, ["", *self.sources])
         held = np.array([bool(n[2]) for n in names], bool)[label_rows] if names else np.zeros(len(k), bool)
         devices: dict[tuple, int] = {}  # a GPU or slice, whatever copies (vgpu) of its series there are
@@ -292,12 +326,9 @@ class _Grid:
         table = pa.table(cols)
         return table.select(GPU_SAMPLES.schema.names).cast(GPU_SAMPLES.schema)
 
-    @staticmethod
-    def _source_ids(
-        source_of: dict[str, np.ndarray], column: str, g: np.ndarray, k: np.ndarray
-    ) -> np.ndarray:
-        """Per output row, the id (in self.sources) of the source that gave `column`; -1 where none did."""
-        return source_of[column][g, k] if column in source_of else np.full(len(k), -1, np.int64)
+
+def _all_null(column: pa.Array) -> bool:
+    return column.null_count == len(column) > 0
 
 
 def _sortable(v: int | None) -> int:
@@ -308,9 +339,9 @@ def _labels(rows: np.ndarray, values: list[str]) -> pa.DictionaryArray:
     """values[rows] as a dictionary array with a sorted, duplicate-free dictionary: the same rows
     always give the same bytes, however the series happened to arrive."""
     uniq, inverse = np.unique(np.array(values, dtype=object), return_inverse=True)
-    return pa.DictionaryArray.from_arrays(
-        pa.array(inverse[rows].astype(np.int32)), pa.array(uniq, pa.string())
-    )
+    # one value (no pod, no MIG profile, no run id): all-zero indices, allocated untouched (calloc)
+    codes = np.zeros(len(rows), np.int32) if len(uniq) == 1 else inverse.astype(np.int32)[rows]
+    return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(uniq, pa.string()))
 
 
 def _int_or_none(s: str) -> int | None:
@@ -348,12 +379,14 @@ def time_slices(
     n = len(step)
     if n == 0:
         return pa.array(np.ones(0)), util
-    cell = device.astype(np.int64) * (int(step.max()) + 1) + step
-    _, inv = np.unique(cell, return_inverse=True)
+    width = int(step.max()) + 1
+    inv = device.astype(np.int64) * width + step
+    if (int(device.max()) + 1) * width > 4 * n + 1024:  # sparse cells: number them densely (a sort)
+        _, inv = np.unique(inv, return_inverse=True)
+    if np.bincount(inv).max() == 1:  # one row per GPU and step: the usual case, nothing to split
+        return pa.array(np.ones(n)), util
     n_held = np.bincount(inv, weights=held)[inv]
     n_free = np.bincount(inv, weights=~held)[inv]
-    if (n_held + n_free == 1).all():  # one row per GPU and step: the usual case, nothing to split
-        return pa.array(np.ones(n)), util
     share = np.where(held, 1 / np.maximum(n_held, 1), np.where(n_held == 0, 1 / np.maximum(n_free, 1), 0.0))
     u = util.to_numpy(zero_copy_only=False).astype(float)
     known = ~held & ~np.isnan(u)

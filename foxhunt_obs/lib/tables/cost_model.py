@@ -18,6 +18,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from foxhunt_obs.lib.analysis.effective_rates import EffectiveRates, effective_rates, hourly_rate
 from foxhunt_obs.lib.analysis.prices import PriceTable
@@ -71,22 +72,43 @@ def _run(con: duckdb.DuckDBPyConnection, name: str, day: date, spec) -> pa.Table
 # outside the cluster would pull a Savings Plan covered fleet's rate towards the list price.
 RATE_WINDOW_DAYS = 7
 EC2_LINES_SQL = """
-SELECT hour, service, line_item_type, usage_type, instance_type, usage_amount, amortized_usd
+SELECT hour, service, line_item_type, usage_type, instance_type, usage_amount, amortized_usd, resource_id
 FROM costs_hourly WHERE day >= $first AND day <= $key AND service = 'AmazonEC2' AND instance_type <> ''
-  AND resource_id IN (SELECT DISTINCT instance_id FROM node_samples
-                      -- the partition key first: only the window's hours are listed and read (on S3, a
-                      -- filter on ts alone read every partition of the table, for every day)
-                      WHERE hour >= $since_hour AND hour < $until_hour
-                        AND instance_id <> '' AND ts >= $since AND ts < $until)
 """
+# the cluster's instances in the window: from node_samples, or from node_instance_hours (below) when a run
+# prices several days
+_INSTANCES = {
+    # the partition key first: only the window's hours are listed and read (on S3, a filter on ts alone
+    # read every partition of the table, for every day)
+    False: """SELECT DISTINCT instance_id FROM node_samples WHERE hour >= $since_hour AND hour < $until_hour
+              AND instance_id <> '' AND ts >= $since AND ts < $until""",
+    True: "SELECT DISTINCT instance_id FROM node_instance_hours WHERE hour >= $since_hour AND hour < $until_hour",
+}
 
 
-def bill_rates(con: duckdb.DuckDBPyConnection, day: datetime) -> EffectiveRates:
+def _rate_window(day: datetime) -> tuple[datetime, datetime]:
+    until = datetime.combine(day.date(), time(), tzinfo=timezone.utc) + timedelta(days=1)
+    return until - timedelta(days=RATE_WINDOW_DAYS), until
+
+
+def register_node_instances(con: duckdb.DuckDBPyConnection, days: list[datetime]) -> None:
+    """node_instance_hours(hour, instance_id): the instances node_samples saw in each hour of the days'
+    rate windows, once for a run of several days (each day's bill_rates reads a week of node_samples)."""
+    since, until = _rate_window(min(days))[0], _rate_window(max(days))[1]
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE node_instance_hours AS
+           SELECT DISTINCT hour, instance_id FROM node_samples
+           WHERE hour >= $a AND hour < $b AND instance_id <> '' AND ts >= $since AND ts < $until""",
+        {"a": NODE_SAMPLES.key(since), "b": NODE_SAMPLES.key(until), "since": since, "until": until},
+    )
+
+
+def bill_rates(con: duckdb.DuckDBPyConnection, day: datetime, node_instances: bool = False) -> EffectiveRates:
     """The effective rates (analysis/effective_rates.py) of the bills landed in the RATE_WINDOW_DAYS up to
     ``day``, over the cluster's nodes: what the estimate and the cost allocation price an instance-hour at
-    before its own bill is in. Needs the views costs_hourly and node_samples."""
-    until = datetime.combine(day.date(), time(), tzinfo=timezone.utc) + timedelta(days=1)
-    since = until - timedelta(days=RATE_WINDOW_DAYS)
+    before its own bill is in. Needs the views costs_hourly and node_samples (node_instances: the table
+    register_node_instances made instead)."""
+    since, until = _rate_window(day)
     params = {
         "first": COSTS_DAILY.key(since),
         "key": COSTS_DAILY.key(day),
@@ -95,7 +117,12 @@ def bill_rates(con: duckdb.DuckDBPyConnection, day: datetime) -> EffectiveRates:
         "since_hour": NODE_SAMPLES.key(since),
         "until_hour": NODE_SAMPLES.key(until),
     }
-    lines = con.execute(EC2_LINES_SQL, params).to_arrow_table()
+    instances = _INSTANCES[node_instances]
+    ours = con.execute(instances, _params(instances, params)).to_arrow_table().column(0)
+    lines = con.execute(EC2_LINES_SQL, _params(EC2_LINES_SQL, params)).to_arrow_table()
+    # filtered here, not by a join in SQL: DuckDB pushes a small join's bloom filter into the scans, which
+    # a pyarrow dataset (the lake on S3) refuses
+    lines = lines.filter(pc.is_in(lines.column("resource_id"), value_set=ours.combine_chunks()))
     return effective_rates(lines, until=day + timedelta(days=1))
 
 

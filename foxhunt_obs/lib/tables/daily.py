@@ -19,7 +19,6 @@ from foxhunt_obs.lib.schemas import (
     COSTS_DAILY,
     COSTS_HOURLY,
     GPU_HOURLY,
-    GPU_SAMPLES,
     NODE_SAMPLES,
     OUTCOME_PER_DOLLAR,
     TRAINING_METRICS,
@@ -33,6 +32,7 @@ from foxhunt_obs.lib.tables.cost_model import (
     build_cost_allocation,
     build_outcome_per_dollar,
     build_utilization_per_dollar,
+    register_node_instances,
     register_prices,
 )
 from foxhunt_obs.lib.tables.hourly_rollup import build_gpu_hourly
@@ -40,7 +40,9 @@ from foxhunt_obs.lib.tables.hourly_rollup import build_gpu_hourly
 BILL_TOLERANCE = 0.001  # allocations sum to the day's bill within 0.1 %
 
 
-def _per_day(lake: Lake, days: Sequence[datetime], reads: list[TableSpec], spec: TableSpec, build) -> dict:
+def _per_day(
+    lake: Lake, days: Sequence[datetime], reads: list[TableSpec], spec: TableSpec, build, prepare=None
+) -> dict:
     """Each day: `build(connection over reads, day)` written as the day's partition of spec. One
     connection for all the days: each connection lists every partition of the tables it reads (on S3,
     listings and a dataset per table: a connection per day made cost_allocation 5x slower there). Its
@@ -50,6 +52,8 @@ def _per_day(lake: Lake, days: Sequence[datetime], reads: list[TableSpec], spec:
     out = {}
     con = lake.connect(reads)
     try:
+        if prepare is not None:
+            prepare(con)  # what every day needs, once
         for day in days:
             table = build(con, day)
             lake.write_partition(spec, spec.key(day), table)
@@ -66,7 +70,9 @@ def _query(tables: dict[str, pa.Table], *statements: str):
 
 
 def gpu_hourly(lake: Lake, days: Sequence[datetime]) -> Built:
-    tables = _per_day(lake, days, [GPU_SAMPLES], GPU_HOURLY, build_gpu_hourly)
+    tables = build_gpu_hourly(lake, list(days))  # every day first: one scan for them all
+    for key, table in tables.items():
+        lake.write_partition(GPU_HOURLY, key, table)
     # GPU-hours weighed by gpu_share (a MIG slice counts for its part of the GPU)
     totals, per_exp = _query(
         tables,
@@ -102,7 +108,7 @@ def cost_allocation(lake: Lake, days: Sequence[datetime], prices: PriceTable) ->
     bills = {}
 
     def build(con: duckdb.DuckDBPyConnection, day: datetime) -> pa.Table:
-        register_prices(con, prices, bill_rates(con, day))  # the rates the estimate priced the day with
+        register_prices(con, prices, bill_rates(con, day, node_instances=True))  # the estimate's rates
         table = build_cost_allocation(con, day.date())
         key = COST_ALLOCATION.key(day)
         bills[key] = con.execute(
@@ -115,7 +121,13 @@ def cost_allocation(lake: Lake, days: Sequence[datetime], prices: PriceTable) ->
         return table
 
     tables = _per_day(
-        lake, days, [GPU_HOURLY, NODE_SAMPLES, COSTS_HOURLY, COSTS_DAILY], COST_ALLOCATION, build
+        lake,
+        days,
+        [GPU_HOURLY, NODE_SAMPLES, COSTS_HOURLY, COSTS_DAILY],
+        COST_ALLOCATION,
+        build,
+        # the instances in the week before each day (its bill_rates), read once for the run
+        prepare=lambda con: register_node_instances(con, list(days)) if days else None,
     )
     per_day, by_experiment = _query(
         tables,

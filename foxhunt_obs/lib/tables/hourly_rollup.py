@@ -12,80 +12,85 @@ seconds (by their seconds where no power was reported). Activity no source repor
 unknown, not idle: activity_seconds says how many of a row's seconds had a util value; the same for SM
 activity (sm_activity_seconds).
 
-Counter deltas (ECC, energy) are taken between consecutive samples of a GPU, seeded with the hour
-before the day so an increase across midnight is not lost; a decrease is a counter reset and counts
-as an increase from zero (as Prometheus's increase() does).
+Counter deltas (ECC, energy) are the samples' increments (lib/tables/counter_increments.py: seeded with
+the hour before each day, a decrease counting as a reset). The samples are read once, in batches of hour
+partitions: numpy adds the increments to a batch while DuckDB aggregates the one before.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from foxhunt_obs.lib.duck import scratch
+from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.names import UNATTRIBUTED
-from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES
+from foxhunt_obs.lib.schemas import GPU_HOURLY
+from foxhunt_obs.lib.tables.counter_increments import with_increments
 
-_SQL = """
+COLUMNS = [
+    "ts", "uuid", "node", "gpu", "gpu_instance", "model", "gpu_profile", "gpu_share", "util_basis", "namespace",
+    "pod", "experiment", "run_id", "step_seconds", "step_share", "temp_celsius", "power_watts",
+    "mem_used_bytes", "util", "sm_active", "tensor_active",
+]  # fmt: skip
+
+_PER_HOUR = """
+-- One batch of samples with their increments. Partitions written before the MIG, time-slicing and SM
+-- columns existed read them as NULL: a whole GPU, one row per step. Hours as integers (hours since the
+-- epoch; ts is after 1970, so // is the floor): date_trunc('hour', ts) on a TIMESTAMPTZ goes through
+-- ICU's calendar for every sample, some 15x slower.
 WITH s AS (
-  -- The counters' increments need each GPU's previous sample, hence a window over the seed hour and the
-  -- day: the query's main cost, as it sorts every column it carries, so it carries only what per_hour reads.
-  -- Partitions written before the MIG, time-slicing and SM columns existed read them as NULL: a whole GPU,
-  -- one row per step. A time-sliced GPU's copies at one ts carry the same counters: ordered holders first
-  -- after ts, the first takes the increment and the others none, the same way on every run.
-  SELECT uuid, node, gpu, gpu_instance, ts, model, coalesce(gpu_profile, '') AS gpu_profile,
-    coalesce(gpu_share, 1.0) AS gpu_share, coalesce(util_basis, '') AS util_basis,
-    namespace, pod, experiment, coalesce(run_id, '') AS run_id,
+  SELECT epoch_ms(ts) // 3600000 AS hour_no, uuid, node, gpu, gpu_instance, model,
+    coalesce(gpu_profile, '') AS gpu_profile, coalesce(gpu_share, 1.0) AS gpu_share,
+    coalesce(util_basis, '') AS util_basis, coalesce(namespace, '') AS namespace, coalesce(pod, '') AS pod,
+    experiment, coalesce(run_id, '') AS run_id,
     step_seconds * coalesce(step_share, 1.0) AS secs,
     CASE WHEN coalesce(step_share, 1.0) > 0 THEN step_seconds ELSE 0 END AS wall,
     temp_celsius, power_watts, mem_used_bytes,
     CASE WHEN isnan(util) THEN NULL ELSE util END AS u,
     CASE WHEN isnan(sm_active) THEN NULL ELSE sm_active END AS sm,
     CASE WHEN isnan(tensor_active) THEN NULL ELSE tensor_active END AS tensor,
-    ecc_sbe_total, ecc_dbe_total, energy_joules,
-    ecc_sbe_total - lag(ecc_sbe_total) OVER w AS d_sbe,
-    ecc_dbe_total - lag(ecc_dbe_total) OVER w AS d_dbe,
-    energy_joules - lag(energy_joules) OVER w AS d_energy
-  FROM gpu_samples
-  WHERE hour >= $seed_hour AND hour < $end_hour
-  WINDOW w AS (PARTITION BY uuid, node, gpu, gpu_instance ORDER BY ts, pod = '', vgpu, pod)
-),
-per_hour AS (
-  -- Hours as integers (hours since the epoch; ts is after 1970, so // is the floor): date_trunc('hour', ts)
-  -- on a TIMESTAMPTZ goes through ICU's calendar for every sample, some 15 times slower.
-  SELECT epoch_ms(ts) // 3600000 AS hour_no, node, gpu, uuid, gpu_instance,
-    coalesce(namespace, '') AS namespace, coalesce(pod, '') AS pod,
-    CASE WHEN coalesce(pod, '') = '' THEN $unattributed ELSE experiment END AS experiment,
-    max(run_id) AS run_id, max(model) AS model,
-    max(gpu_profile) AS gpu_profile, max(gpu_share) AS gpu_share,
-    coalesce(max(util_basis) FILTER (WHERE u IS NOT NULL), '') AS util_basis,
-    count(*) AS samples,
-    sum(secs) AS seconds_with_data,
-    coalesce(sum(secs) FILTER (WHERE u IS NOT NULL), 0) AS activity_seconds,
-    avg(u) AS util_mean,
-    quantile_cont(u, 0.95) AS util_p95,
-    -- GPU-seconds: a slice's activity counts for its share of the GPU; NULL where no util was reported
-    sum(u * secs) * max(gpu_share) AS active_gpu_seconds,
-    coalesce(sum(secs) FILTER (WHERE sm IS NOT NULL), 0) AS sm_activity_seconds,
-    sum(sm * secs) * max(gpu_share) AS sm_active_gpu_seconds,
-    sum(tensor * secs) * max(gpu_share) AS tensor_active_gpu_seconds,
-    CASE WHEN coalesce(pod, '') = '' THEN 0 ELSE sum(secs) END AS held_seconds,
-    -- wall-clock seconds the pod was on the GPU (a time-sliced step counts whole): runs' windows compare to it
-    CASE WHEN coalesce(pod, '') = '' THEN 0 ELSE sum(wall) END AS held_wall_seconds,
-    sum(power_watts * secs) AS watt_seconds,
-    bool_and(power_watts IS NOT NULL OR secs = 0) AS power_complete,
-    -- a decrease is a counter reset: the new value is the increase since the reset
-    coalesce(sum(CASE WHEN d_energy < 0 THEN energy_joules ELSE d_energy END), 0) / 3600000.0 AS energy_part_kwh,
-    max(temp_celsius) AS temp_max_celsius,
-    avg(power_watts) AS power_mean_watts,
-    max(mem_used_bytes) AS mem_used_max_bytes,
-    coalesce(sum(CASE WHEN d_sbe < 0 THEN ecc_sbe_total ELSE d_sbe END), 0) AS ecc_sbe_delta,
-    coalesce(sum(CASE WHEN d_dbe < 0 THEN ecc_dbe_total ELSE d_dbe END), 0) AS ecc_dbe_delta
-  FROM s
-  WHERE ts >= $day_start AND ts < $day_end
-  GROUP BY hour_no, node, gpu, uuid, gpu_instance, 6, 7, 8
-),
+    inc_energy_joules, inc_ecc_sbe_total, inc_ecc_dbe_total
+  FROM batch
+)
+SELECT hour_no, node, gpu, uuid, gpu_instance, namespace, pod,
+  CASE WHEN pod = '' THEN $unattributed ELSE experiment END AS experiment,
+  max(run_id) AS run_id, max(model) AS model,
+  max(gpu_profile) AS gpu_profile, max(gpu_share) AS gpu_share,
+  coalesce(max(util_basis) FILTER (WHERE u IS NOT NULL), '') AS util_basis,
+  count(*) AS samples,
+  sum(secs) AS seconds_with_data,
+  coalesce(sum(secs) FILTER (WHERE u IS NOT NULL), 0) AS activity_seconds,
+  avg(u) AS util_mean,
+  quantile_cont(u, 0.95) AS util_p95,
+  -- GPU-seconds: a slice's activity counts for its share of the GPU; NULL where no util was reported
+  sum(u * secs) * max(gpu_share) AS active_gpu_seconds,
+  coalesce(sum(secs) FILTER (WHERE sm IS NOT NULL), 0) AS sm_activity_seconds,
+  sum(sm * secs) * max(gpu_share) AS sm_active_gpu_seconds,
+  sum(tensor * secs) * max(gpu_share) AS tensor_active_gpu_seconds,
+  CASE WHEN pod = '' THEN 0 ELSE sum(secs) END AS held_seconds,
+  -- wall-clock seconds the pod was on the GPU (a time-sliced step counts whole): runs' windows compare to it
+  CASE WHEN pod = '' THEN 0 ELSE sum(wall) END AS held_wall_seconds,
+  sum(power_watts * secs) AS watt_seconds,
+  bool_and(power_watts IS NOT NULL OR secs = 0) AS power_complete,
+  max(temp_celsius) AS temp_max_celsius,
+  avg(power_watts) AS power_mean_watts,
+  max(mem_used_bytes) AS mem_used_max_bytes,
+  sum(inc_energy_joules) / 3600000.0 AS energy_part_kwh,
+  sum(inc_ecc_sbe_total) AS ecc_sbe_delta,
+  sum(inc_ecc_dbe_total) AS ecc_dbe_delta
+FROM s
+GROUP BY hour_no, node, gpu, uuid, gpu_instance, namespace, pod, 8
+"""
+
+_ROWS = """
+WITH
 -- the unit-hour's totals, on each of its holders' rows
 unit AS (
   SELECT *,
@@ -122,15 +127,37 @@ ORDER BY hour_no, node, gpu, uuid, gpu_instance NULLS FIRST, pod = '', namespace
 """
 
 
-def build_gpu_hourly(con: duckdb.DuckDBPyConnection, day_start: datetime) -> pa.Table:
-    """gpu_hourly rows for the UTC day starting at day_start, from a lake connection's gpu_samples view."""
-    day_end = day_start + timedelta(days=1)
-    params = {
-        "unattributed": UNATTRIBUTED,
-        "seed_hour": GPU_SAMPLES.key(day_start - timedelta(hours=1)),
-        "end_hour": GPU_SAMPLES.key(day_end),
-        "day_start": day_start,
-        "day_end": day_end,
-    }
-    table = con.execute(_SQL, params).to_arrow_table()
-    return table.select(GPU_HOURLY.schema.names).cast(GPU_HOURLY.schema)
+def build_gpu_hourly(lake: Lake, days: list[datetime]) -> dict[str, pa.Table]:
+    """gpu_hourly rows of each UTC day in `days` (midnights), by partition key."""
+    days = sorted(set(days))
+    if not days:
+        return {}
+    parts = []
+    with scratch() as con, ThreadPoolExecutor(1) as pool:
+        # `con` is the worker's until the last batch is aggregated; DuckDB releases the GIL meanwhile
+        pending: deque = deque()
+        for batch in with_increments(lake, days, COLUMNS):
+            pending.append(pool.submit(_per_hour, con, batch))
+            if len(pending) > 1:  # memory: a batch aggregated, one waiting, one being built
+                parts.append(pending.popleft().result())
+        parts += [f.result() for f in pending]
+        if not parts:
+            return {day_key: GPU_HOURLY.schema.empty_table() for day_key in map(GPU_HOURLY.key, days)}
+        con.register("per_hour", pa.concat_tables(parts))
+        table = con.execute(_ROWS).to_arrow_table()
+    table = table.select(GPU_HOURLY.schema.names).cast(GPU_HOURLY.schema)
+    hours = pc.cast(table.column("hour"), pa.int64()).to_numpy()
+    out = {}
+    for day in days:
+        start = int(day.timestamp()) * 1000
+        lo, hi = np.searchsorted(hours, [start, start + 86_400_000])
+        out[GPU_HOURLY.key(day)] = table.slice(lo, hi - lo)
+    return out
+
+
+def _per_hour(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> pa.Table:
+    con.register("batch", batch)
+    try:
+        return con.execute(_PER_HOUR, {"unattributed": UNATTRIBUTED}).to_arrow_table()
+    finally:
+        con.unregister("batch")

@@ -17,7 +17,9 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
@@ -33,13 +35,18 @@ from foxhunt_obs.sandbox.servers.local_server import (
     wait_serving,
 )
 from foxhunt_obs.sandbox.story.scenario import Scenario, load_scenario
-from foxhunt_obs.sandbox.writers.cache import build_once
+from foxhunt_obs.sandbox.writers.cache import COMPLETE, build_once
 from foxhunt_obs.sandbox.writers.openmetrics import write_blocks
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
-RULE_CHUNK_S = 86400  # the rule backfill evaluates a day per promtool run, two at a time
+# The rule backfill evaluates a piece of the window per promtool run, two at a time: the recording rules
+# 2 hours (a block: a progress line every few seconds, and the demo's build evaluates only the pieces it
+# reads), the cheaper cost rules a day (fewer promtool starts over their 7 levels).
+RULE_CHUNK_S = 7200
+COST_RULE_CHUNK_S = 86400
 log = logging.getLogger(__name__)  # the history build says what it does and how far it is
+PROGRESS_EVERY_S = 5.0  # a progress line at most this often
 
 
 RECORDING_RULES = (
@@ -57,18 +64,41 @@ def _rules_digest() -> str:
     return digest.hexdigest()[:8]
 
 
-def tsdb_path(scenario: Scenario, cache_root: Path, metrics: set[str] | None = None) -> Path:
+def tsdb_path(
+    scenario: Scenario,
+    cache_root: Path,
+    metrics: set[str] | None = None,
+    records_from: datetime | None = None,
+) -> Path:
     only = "-" + "-".join(sorted(metrics)) if metrics else f"-r{_rules_digest()}"
+    if records_from is not None and not metrics:
+        only += (
+            f"-from{datetime.fromtimestamp(records_start(scenario, records_from), timezone.utc):%Y%m%dT%H%M}"
+        )
     if len(only) > 80:  # many metric names: a digest of them (a file name has at most 255 bytes)
         only = f"-{len(metrics)}m{hashlib.sha256(only.encode()).hexdigest()[:12]}"
     return Path(cache_root) / f"{scenario.name}-{scenario.fingerprint()[:12]}{only}" / "tsdb"
 
 
-def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = None) -> Path:
+def build_tsdb(
+    scenario: Scenario,
+    cache_root: Path,
+    metrics: set[str] | None = None,
+    records_from: datetime | None = None,
+) -> Path:
     """The scenario's TSDB under ``<cache_root>/<name>-<fingerprint[:12]>/tsdb``, built on first use.
 
     ``metrics`` limits the metric names written (the benchmark's big cluster needs only one).
+    ``records_from``: every series, but the recording rules only from the rule piece (RULE_CHUNK_S)
+    holding that time and no cost rules: what the demo reads (its jobs read the raw series, its alert
+    replay the records over its last 42 hours; nothing it runs reads the cost records), a fraction of a
+    first build's time. The records there are the whole build's (the same pieces:
+    test_prometheus_records_from). A whole build already cached is used instead.
     """
+    if records_from is not None and not metrics:
+        whole = tsdb_path(scenario, cache_root)
+        if (whole.parent / COMPLETE).exists():
+            return whole
 
     def build(tmp: Path) -> None:
         log.info("building %s's Prometheus history (once; cached under %s)", scenario.name, cache_root)
@@ -87,11 +117,19 @@ def build_tsdb(scenario: Scenario, cache_root: Path, metrics: set[str] | None = 
         with ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(backfill, files))
         shutil.rmtree(tmp / "openmetrics")
-        if not metrics:
+        if not metrics and records_from is not None:
+            first = records_start(scenario, records_from)
+            log.info(
+                "  recording rules from %s on only, no cost rules: what the demo reads "
+                "(`foxhunt-obs sandbox up` builds the whole history)",
+                f"{datetime.fromtimestamp(first, timezone.utc):%Y-%m-%d %H:%M} UTC",
+            )
+            backfill_recording_rules(scenario, tmp / "tsdb", tmp, first)
+        elif not metrics:
             backfill_recording_rules(scenario, tmp / "tsdb", tmp)
             backfill_cost_rules(scenario, tmp / "tsdb", tmp)
 
-    final = tsdb_path(scenario, cache_root, metrics).parent
+    final = tsdb_path(scenario, cache_root, metrics, records_from).parent
     return build_once(final, build, f"{scenario.name} {scenario.fingerprint()}") / "tsdb"
 
 
@@ -109,7 +147,15 @@ def backfill_openmetrics(text: Path, tsdb: Path) -> Path:
     return Path(tsdb)
 
 
-def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
+def records_start(scenario: Scenario, at: datetime) -> int:
+    """The start (Unix seconds) of the rule backfill's piece holding ``at``: pieces are RULE_CHUNK_S from
+    the scenario's start, so a backfill from there evaluates the very pieces a whole one does."""
+    start, end, _ = _window(scenario)
+    offset = min(max(int(at.timestamp()) - start, 0), max(end - start - 1, 0))
+    return start + offset // RULE_CHUNK_S * RULE_CHUNK_S
+
+
+def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path, first: int | None = None) -> None:
     """The canonical recording rules (foxhunt:gpu_*) evaluated over the scenario's history and added to
     the TSDB as blocks: Prometheus evaluates rules only from when it starts, but dashboards and the alert
     rules read these names in the past too (a replay of the scenario through the alert sensor).
@@ -119,8 +165,11 @@ def backfill_recording_rules(scenario: Scenario, tsdb: Path, work: Path) -> None
     Prometheus evaluates a group's rules in order, each seeing the ones before it at the same timestamp.
     So the rules are backfilled with those references inlined (``inline_records``): the same values,
     e.g. foxhunt:gpu_util:ratio from GR_ENGINE_ACTIVE on a MIG slice, which reports no GPU_UTIL.
-    The evaluating server looks back less than a scrape step (``backfill_rules``)."""
-    backfill_rules(tsdb, work, [inline_records(RECORDING_RULES)], *_window(scenario), what="recording rules")
+    The evaluating server looks back less than a scrape step (``backfill_rules``). ``first``: from
+    there on only (``records_start``)."""
+    start, end, step = _window(scenario)
+    start = start if first is None else first
+    backfill_rules(tsdb, work, [inline_records(RECORDING_RULES)], start, end, step, what="recording rules")
 
 
 def backfill_cost_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
@@ -133,7 +182,7 @@ def backfill_cost_rules(scenario: Scenario, tsdb: Path, work: Path) -> None:
     against a server over the TSDB that already holds the levels before it, so every rule reads the
     records it references as Prometheus evaluating the group in order would."""
     levels = rule_levels(yaml.safe_load(COST_RULES.read_text()))
-    backfill_rules(tsdb, work, levels, *_window(scenario), what="cost rules")
+    backfill_rules(tsdb, work, levels, *_window(scenario), what="cost rules", piece_s=COST_RULE_CHUNK_S)
 
 
 def _window(scenario: Scenario) -> tuple[int, int, int]:
@@ -180,15 +229,22 @@ def lookback_delta(step_s: int) -> str:
 
 
 def backfill_rules(
-    tsdb: Path, work: Path, levels: list[dict], start: int, end: int, step_s: int, what: str = "rules"
+    tsdb: Path,
+    work: Path,
+    levels: list[dict],
+    start: int,
+    end: int,
+    step_s: int,
+    what: str = "rules",
+    piece_s: int | None = None,
 ) -> None:
     """Each level of rules (rules files as dicts) evaluated by promtool every ``step_s`` over [start, end]
     (Unix seconds) against a server on the TSDB holding the levels before it, its blocks moved into the
     TSDB.
 
-    The window is cut into days (RULE_CHUNK_S), two promtool runs at a time: Prometheus evaluates each
-    query on one core, so one run left a core idle, and each finished day is a progress line. The pieces
-    are exactly the single run's: promtool aligns every evaluation to the group's own offset
+    The window is cut into pieces of ``piece_s`` (default RULE_CHUNK_S), two promtool runs at a time:
+    Prometheus evaluates each query on one core, so one run left a core idle; a progress line every
+    PROGRESS_EVERY_S at most. The pieces are exactly the single run's: promtool aligns every evaluation to the group's own offset
     (rules.Group.EvalTimestamp) and its blocks to 2 hours, and a piece ends a second before the next one
     starts (promtool's --end is inclusive), so no evaluation is made twice or missed."""
     # promtool offsets a group's evaluations by a hash of its name and file: the file is given by a
@@ -196,9 +252,10 @@ def backfill_rules(
     # promtool runs in `work` (cwd): the output directory must not be relative to where we are
     work = Path(work).resolve()
     out, rules_file = work / "rule-blocks", work / "rules-backfill.yaml"
-    starts = list(range(start, end, RULE_CHUNK_S)) or [start]
+    piece_s = piece_s or RULE_CHUNK_S
+    starts = list(range(start, end, piece_s)) or [start]
     pieces = [(t, starts[i + 1] - 1 if i + 1 < len(starts) else end) for i, t in enumerate(starts)]
-    unit = "days" if RULE_CHUNK_S == 86400 else f"pieces of {RULE_CHUNK_S} s"
+    unit = "days" if piece_s == 86400 else f"pieces of {piece_s} s"
     for n, doc in enumerate(levels, 1):
         rules_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 20))
         records = sorted({x["record"] for g in doc["groups"] for x in g["rules"]})
@@ -217,6 +274,7 @@ def backfill_rules(
                     ): (first, last)
                     for first, last in pieces
                 }  # fmt: skip
+                said = time.monotonic()
                 for done, run in enumerate(as_completed(runs), 1):
                     r, (first, last) = run.result(), runs[run]
                     if r.returncode:
@@ -224,7 +282,9 @@ def backfill_rules(
                             f"promtool create-blocks-from rules failed on {', '.join(records)} from {first} "
                             f"to {last} (exit {r.returncode}): {r.stderr[-2000:]}"
                         )
-                    log.info("  %s: %d of %d %s evaluated", label, done, len(pieces), unit)
+                    if done == len(pieces) or time.monotonic() - said >= PROGRESS_EVERY_S:
+                        log.info("  %s: %d of %d %s evaluated", label, done, len(pieces), unit)
+                        said = time.monotonic()
         for piece in sorted(out.iterdir()):
             for block in piece.iterdir():
                 block.rename(tsdb / block.name)
@@ -396,16 +456,18 @@ def up(
     port: int,
     exporter_port: int | None = None,
     trainer: bool = False,
+    records_from: datetime | None = None,
 ) -> dict:
     """Build or reuse the scenario's TSDB under ``state_dir/cache``, run Prometheus on a fresh copy in
     ``state_dir/run`` (detached: it outlives this process) and record it in ``state_dir/sandbox.json``.
     Beside the backfilled history, a live fake exporter (``exporter_port``, default a free port) is
     scraped every 5 s and the catalog's recording rules are loaded: the live path, end to end.
     ``trainer``: the example trainer (foxhunt_obs/sandbox/example_trainer.py) runs too, scraped as the
-    training cockpit expects. A server already recorded there is stopped first."""
+    training cockpit expects. ``records_from``: a first build records the rules from there on only
+    (``build_tsdb``: the demo's). A server already recorded there is stopped first."""
     state_dir = Path(state_dir)
     scenario = load_scenario(scenario_name)
-    tsdb = build_tsdb(scenario, state_dir / "cache")
+    tsdb = build_tsdb(scenario, state_dir / "cache", records_from=records_from)
     down(state_dir)
     run = state_dir / "run"
     copy_tsdb(tsdb, run / "tsdb")

@@ -60,7 +60,9 @@ its whole input once per 2-hour block it cuts: one big file would cost quadratic
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -71,6 +73,9 @@ import numpy as np
 
 from foxhunt_obs.sandbox.story import truth
 from foxhunt_obs.sandbox.story.scenario import Node, Scenario
+
+log = logging.getLogger(__name__)  # the history build's progress (cli/__init__.py shows it on stderr)
+PROGRESS_EVERY_S = 5.0  # a progress line at most this often
 
 BLOCK_S = 2 * 3600  # Prometheus TSDB block range; blocks are aligned to multiples of it since the epoch
 DRIVER_VERSION = "535.183.01"
@@ -227,9 +232,14 @@ def write_blocks(scenario: Scenario, out_dir: Path, metrics: set[str] | None = N
     with ExitStack() as stack:
         blocks = _Blocks(scenario, out_dir, stack)
         get = _trackers(scenario, wanted)
-        for family in (m for m in ALL_METRICS if m in wanted):
+        families = [m for m in ALL_METRICS if m in wanted]
+        said = time.monotonic()
+        for n, family in enumerate(families, 1):
             for labels, values, mask in _series(scenario, family, get):
                 blocks.series(family, labels, values, mask)
+            if time.monotonic() - said >= PROGRESS_EVERY_S and n < len(families):
+                log.info("  OpenMetrics history: %d of %d metric families written", n, len(families))
+                said = time.monotonic()
         for f in blocks.files:
             f.write("# EOF\n")
     for p, n in zip(blocks.paths, blocks.samples):

@@ -229,7 +229,7 @@ def test_the_cost_allocation_prices_node_hours_at_the_rates_the_estimate_used(us
     sums to the estimate."""
     from foxhunt_obs.lib.lake import Lake
     from foxhunt_obs.lib.schemas import COSTS_HOURLY, NODE_SAMPLES
-    from foxhunt_obs.lib.tables.cost_model import bill_rates, register_prices
+    from foxhunt_obs.lib.tables.cost_model import bill_rates, register_node_instances, register_prices
 
     lake = Lake(str(tmp_path / "lake"))
     # an on-demand p5 outside the cluster (no node_samples row): it must not pull the nodes' SP rate up
@@ -257,5 +257,10 @@ def test_the_cost_allocation_prices_node_hours_at_the_rates_the_estimate_used(us
         register_prices(con, us_east_2, bill_rates(con, DAY - timedelta(days=1)))
         view = dict(con.execute("SELECT instance_type, usd_per_hour FROM ec2_prices").fetchall())
         assert view == pytest.approx({"p5.48xlarge": 55.04, "p4d.24xlarge": 21.95764, "g5.xlarge": 1.006})
+        # a run of several days reads the instances once (register_node_instances): the same rates
+        days = [DAY - timedelta(days=1), DAY, DAY + timedelta(days=1)]
+        register_node_instances(con, days)
+        for day in days:
+            assert bill_rates(con, day, node_instances=True) == bill_rates(con, day)
     finally:
         con.close()

@@ -72,9 +72,7 @@ def allocated(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     lake.write_partition(GPU_SAMPLES, "2026-11-16T00", _samples())
     lake.write_partition(NODE_SAMPLES, "2026-11-16T00", node_hour(DAY, NODE, 2, STEP))
-    con = lake.connect([GPU_SAMPLES])
-    hourly = build_gpu_hourly(con, DAY)
-    con.close()
+    hourly = build_gpu_hourly(lake, [DAY])["2026-11-16"]
     lake.write_partition(GPU_HOURLY, "2026-11-16", hourly)
     for spec in (COSTS_HOURLY, COSTS_DAILY):
         lake.write_partition(spec, "2026-11-16", spec.schema.empty_table())
@@ -157,9 +155,7 @@ def test_gpus_without_uuids_still_split_their_node(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     lake.write_partition(GPU_SAMPLES, "2026-11-16T00", pa.Table.from_pylist(rows, schema=GPU_SAMPLES.schema))
     lake.write_partition(NODE_SAMPLES, "2026-11-16T00", node_hour(DAY, NODE, 2, STEP))
-    con = lake.connect([GPU_SAMPLES])
-    lake.write_partition(GPU_HOURLY, "2026-11-16", build_gpu_hourly(con, DAY))
-    con.close()
+    lake.write_partition(GPU_HOURLY, "2026-11-16", build_gpu_hourly(lake, [DAY])["2026-11-16"])
     for spec in (COSTS_HOURLY, COSTS_DAILY):
         lake.write_partition(spec, "2026-11-16", spec.schema.empty_table())
     con = lake.connect([GPU_HOURLY, NODE_SAMPLES, COSTS_HOURLY, COSTS_DAILY])

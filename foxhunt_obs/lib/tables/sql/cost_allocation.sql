@@ -2,9 +2,10 @@
 -- $first_hour / $last_hour (node_samples partitions of the day). Views: gpu_hourly, node_samples,
 -- costs_hourly, costs_daily, ec2_prices(instance_type, usd_per_hour).
 WITH
--- seconds each node reported per hour, per EC2 instance (an instance can be replaced mid-hour)
+-- seconds each node reported per hour, per EC2 instance (an instance can be replaced mid-hour); the hour
+-- as integer arithmetic: date_trunc on a TIMESTAMPTZ goes through ICU's calendar for every sample
 node_hours AS (
-  SELECT node, date_trunc('hour', ts) AS hour, coalesce(instance_id, '') AS instance_id,
+  SELECT node, to_timestamp(epoch_ms(ts) // 3600000 * 3600) AS hour, coalesce(instance_id, '') AS instance_id,
          any_value(instance_type) AS instance_type, sum(step_seconds) AS seconds
   FROM node_samples WHERE hour >= $first_hour AND hour <= $last_hour
   GROUP BY ALL
@@ -47,8 +48,9 @@ gpus AS (
          n.gpus_on_node
   FROM gpu_hourly g
   JOIN (SELECT node, hour, count(DISTINCT coalesce(gpu, -1)::VARCHAR || '|' || uuid) AS gpus_on_node FROM gpu_hourly
-        WHERE strftime(hour, '%Y-%m-%d') = $key GROUP BY ALL) n USING (node, hour)
-  WHERE strftime(g.hour, '%Y-%m-%d') = $key
+        WHERE day = $key AND strftime(hour, '%Y-%m-%d') = $key GROUP BY ALL) n USING (node, hour)
+  -- the partition key first: only the day's partition is read, not every day the lake holds
+  WHERE g.day = $key AND strftime(g.hour, '%Y-%m-%d') = $key
 ),
 unsliced AS (
   -- a slice's rows together stand for it once: seconds / device_seconds sums to 1 over them
