@@ -27,9 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake, LakeError
-from foxhunt_obs.lib.names import UNATTRIBUTED
 from foxhunt_obs.lib.schemas import GPU_SAMPLES
 
 COUNTERS = ("energy_joules", "ecc_sbe_total", "ecc_dbe_total")
@@ -202,23 +200,6 @@ def with_increments(lake: Lake, days: list[datetime], columns: Iterable[str]) ->
                 batch.clear()
     if batch and (out := done()) is not None:
         yield out
-
-
-def counter_increments(lake: Lake, days: list[datetime]) -> pa.Table:
-    """The increments summed per (hour, unit, holder) of gpu_hourly's rows: what its energy and ECC
-    columns are made of (the tests hold it to the lag() window's sums)."""
-    batches = list(with_increments(lake, days, []))
-    if not batches:
-        return pa.table({})
-    sums = ", ".join(f"sum({c}) AS {c}" for c in INCREMENTS)
-    with scratch(s=pa.concat_tables(batches)) as con:
-        return con.execute(
-            f"""SELECT epoch_ms(ts) // 3600000 AS hour_no, node, gpu, uuid, gpu_instance,
-                  coalesce(namespace, '') AS namespace, coalesce(pod, '') AS pod,
-                  CASE WHEN coalesce(pod, '') = '' THEN $u ELSE experiment END AS experiment, {sums}
-                FROM s GROUP BY ALL""",
-            {"u": UNATTRIBUTED},
-        ).to_arrow_table()
 
 
 def _read(lake: Lake, hour: datetime, columns: list[str]) -> pa.Table | None:

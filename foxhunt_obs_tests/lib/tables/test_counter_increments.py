@@ -16,10 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from foxhunt_obs.lib import lake as lake_module
+from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake, LakeError
 from foxhunt_obs.lib.names import UNATTRIBUTED
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES
-from foxhunt_obs.lib.tables.counter_increments import counter_increments
+from foxhunt_obs.lib.tables.counter_increments import with_increments
 from foxhunt_obs.lib.tables.hourly_rollup import build_gpu_hourly
 
 DAY0 = datetime(2026, 11, 16, tzinfo=timezone.utc)
@@ -41,9 +42,12 @@ SELECT epoch_ms(ts) // 3600000 AS hour_no, node, gpu, uuid, gpu_instance, coales
   coalesce(sum(CASE WHEN d_d < 0 THEN ecc_dbe_total ELSE d_d END), 0) AS d
 FROM s WHERE ts >= $start AND ts < $stop GROUP BY ALL
 """
+# ours: with_increments' per-sample increments, summed as gpu_hourly's rows are grouped
 OURS = """
-SELECT hour_no, node, gpu, uuid, gpu_instance, namespace, pod, experiment, sum(inc_energy_joules) AS e,
-  sum(inc_ecc_sbe_total) AS s, sum(inc_ecc_dbe_total) AS d FROM inc GROUP BY ALL
+SELECT epoch_ms(ts) // 3600000 AS hour_no, node, gpu, uuid, gpu_instance, coalesce(namespace, '') AS namespace,
+  coalesce(pod, '') AS pod, CASE WHEN coalesce(pod, '') = '' THEN $u ELSE experiment END AS experiment,
+  sum(inc_energy_joules) AS e, sum(inc_ecc_sbe_total) AS s, sum(inc_ecc_dbe_total) AS d
+FROM s GROUP BY ALL
 """
 KEYS = ["hour_no", "node", "gpu", "uuid", "gpu_instance", "namespace", "pod", "experiment"]
 
@@ -148,17 +152,14 @@ def _oracle(lake: Lake, days) -> pa.Table:
     return pa.concat_tables(parts)
 
 
-def _ours(table: pa.Table) -> pa.Table:
-    import duckdb
-
-    con = duckdb.connect()
-    con.register("inc", table)
-    return con.execute(OURS).to_arrow_table()
+def _ours(lake: Lake, days) -> pa.Table:
+    with scratch(s=pa.concat_tables(with_increments(lake, days, []))) as con:
+        return con.execute(OURS, {"u": UNATTRIBUTED}).to_arrow_table()
 
 
 def test_increments_equal_the_lag_window_day_by_day(lake):
     want = _frame(_oracle(lake, DAYS))
-    got = _frame(_ours(counter_increments(lake, DAYS)))
+    got = _frame(_ours(lake, DAYS))
     assert len(got) == len(want) > 24 * 3 * 5
     for c in KEYS:
         assert (got[c].fillna(-1).astype(str) == want[c].fillna(-1).astype(str)).all(), c
@@ -178,8 +179,8 @@ def test_increments_equal_the_lag_window_day_by_day(lake):
 
 
 def test_a_day_does_not_depend_on_the_others_in_the_run(lake):
-    together = _frame(_ours(counter_increments(lake, DAYS)))
-    alone = _frame(_ours(pa.concat_tables([counter_increments(lake, [d]) for d in DAYS])))
+    together = _frame(_ours(lake, DAYS))
+    alone = _frame(pa.concat_tables([_ours(lake, [d]) for d in DAYS]))
     assert together.equals(alone)
 
 
@@ -205,7 +206,7 @@ def test_the_time_sliced_gpu_takes_the_sorted_path_and_its_first_copy_the_increm
     want = _frame(_oracle(lake, DAYS[:1]))
     rows = want[want.uuid == "GPU-b"]
     assert set(rows.pod) == {"ppo-ts", "sac-ts", ""}
-    got = _frame(_ours(counter_increments(lake, DAYS[:1])))
+    got = _frame(_ours(lake, DAYS[:1]))
     np.testing.assert_allclose(got[got.uuid == "GPU-b"].e, rows.e, rtol=1e-12)
     per_pod = rows.groupby("pod").e.sum()
     assert per_pod["ppo-ts"] > 0 and per_pod["sac-ts"] > 0 and per_pod["ppo-ts"] != per_pod["sac-ts"]
