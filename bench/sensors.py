@@ -12,9 +12,9 @@ lake rules are skipped, as when their source is not configured).
   ours         engine.tick as foxhunt_obs/defs/alerts/sensors.py calls it (load_rules_or_last_good, its
                budgets; sinks=[]) at 60 evaluation times spread over the scenario (every 6 min), the cursor
                carried from tick to tick; a new client per tick, as the sensor builds its resources per
-               tick. The rules' queries run side by side (collect.PROMETHEUS_QUERIES_AT_ONCE). Every
-               instant query is timed, and every tick's findings hashed.
-  ours_serial  the same with PROMETHEUS_QUERIES_AT_ONCE = 1 (the queries one after another, as before
+               tick. The rules' queries run side by side (the client's queries_at_once). Every instant
+               query is timed, and every tick's findings hashed.
+  ours_serial  the same with queries_at_once = 1 (the queries one after another, as before
                issue 19); its findings must hash the same at every tick
   client       the obvious alternative, what a hand-written sensor would do: the same rule expressions as
                prometheus-api-client PrometheusConnect.custom_query(expr, params={"time": now}) one after
@@ -217,7 +217,7 @@ def findings_digest(findings) -> str:
 def run_ours(url: str, at_once: int | None = None) -> dict:
     """engine.tick at every evaluation time as the alert sensor calls it (its rules loader, its budgets), the
     cursor carried along; every instant query timed, every tick's findings hashed. ``at_once``: the
-    Prometheus queries side by side (collect.PROMETHEUS_QUERIES_AT_ONCE; 1 = one after another)."""
+    Prometheus queries side by side (the client's queries_at_once; None: the default; 1 = one after another)."""
     import prometheus_api_client  # noqa: F401 - the client imports it lazily on the first query
 
     from foxhunt_obs.defs.alerts.sensors import DELIVERY_BUDGET_S, SINK_BUDGET_S, SOURCE_BUDGET_S
@@ -227,8 +227,6 @@ def run_ours(url: str, at_once: int | None = None) -> dict:
     from foxhunt_obs.lib.alerts.rules import load_rules_or_last_good
     from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 
-    if at_once is not None:
-        collect_module.PROMETHEUS_QUERIES_AT_ONCE = at_once
     log: list[tuple[str, float, int]] = []
 
     class TimedClient(PrometheusClient):
@@ -256,7 +254,7 @@ def run_ours(url: str, at_once: int | None = None) -> dict:
 
     ticks, queries_s, evaluated, findings, notes, cursor = [], [], set(), 0, defaultdict(int), None
     for now in tick_times():
-        sources = Sources(prometheus=TimedClient(url))  # the sensor builds its resources every tick
+        sources = Sources(prometheus=TimedClient(url, **({"queries_at_once": at_once} if at_once else {})))  # the sensor builds its resources every tick
         n0 = len(log)
         t = time.perf_counter()
         cursor, report = engine.tick(
@@ -607,9 +605,9 @@ def print_table(result: dict) -> None:
 
 
 def _at_once() -> int:
-    from foxhunt_obs.lib.alerts.collect import PROMETHEUS_QUERIES_AT_ONCE
+    from foxhunt_obs.lib.sources.prometheus import QUERIES_AT_ONCE
 
-    return PROMETHEUS_QUERIES_AT_ONCE
+    return QUERIES_AT_ONCE
 
 
 def _version(dist: str) -> str:

@@ -102,6 +102,7 @@ class PrometheusResource(FromSettings, dg.ConfigurableResource):
     url: str = setting("FOXHUNT_PROMETHEUS_URL")
     timeout_s: str = setting("FOXHUNT_PROMETHEUS_TIMEOUT")
     max_points: str = setting("FOXHUNT_PROMETHEUS_MAX_POINTS")
+    queries_at_once: str = setting("FOXHUNT_PROMETHEUS_QUERIES_AT_ONCE")
     gzip: str = setting("FOXHUNT_PROMETHEUS_GZIP")
     bearer_token: str = setting("FOXHUNT_PROMETHEUS_BEARER_TOKEN")
 
@@ -111,6 +112,7 @@ class PrometheusResource(FromSettings, dg.ConfigurableResource):
             timeout_s=self.number("timeout_s"),
             gzip=self.flag("gzip"),
             max_points=int(self.number("max_points", integer=True)),
+            queries_at_once=int(self.number("queries_at_once", integer=True)),
             bearer_token=self.bearer_token,
         )
 
@@ -315,7 +317,7 @@ class AlertingResource(FromSettings, dg.ConfigurableResource):
 # The Dagster pool of the steps that query Prometheus (gpu_samples, node_samples, ray_samples, spend_now): a backfill of
 # hundreds of hourly partitions becomes many runs, and the pool's limit (deploy/dagster/dagster.yaml's
 # concurrency default_limit, or `dagster instance concurrency set prometheus N`) caps how many of those
-# steps, each sending its queries one after another, run at once.
+# steps run at once; each sends up to FOXHUNT_PROMETHEUS_QUERIES_AT_ONCE queries side by side.
 PROMETHEUS_POOL = "prometheus"
 
 RESOURCES = {

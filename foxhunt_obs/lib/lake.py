@@ -156,14 +156,17 @@ class Lake:
     @staticmethod
     def _write_parquet(table: pa.Table, where) -> None:
         # Timestamps are sorted and unique: delta encoding, not a dictionary the writer tries and drops.
+        # Measured floats rarely repeat either: without the dictionary it tried on them, an hour of
+        # gpu_samples is written 22 % faster, 8 % smaller, and read 6 % faster (issue 19).
         stamps = [f.name for f in table.schema if pa.types.is_timestamp(f.type)]
+        plain = {f.name for f in table.schema if pa.types.is_floating(f.type)}
         pq.write_table(
             table,
             where,
             compression="zstd",
             write_statistics=True,
             row_group_size=ROW_GROUP_SIZE,
-            use_dictionary=[n for n in table.column_names if n not in stamps],
+            use_dictionary=[n for n in table.column_names if n not in stamps and n not in plain],
             column_encoding=dict.fromkeys(stamps, "DELTA_BINARY_PACKED"),
         )
 

@@ -59,6 +59,11 @@ SETTINGS: tuple[Setting, ...] = (
         "FOXHUNT_PROMETHEUS_TIMEOUT", "120", "Seconds one Prometheus request may take in all (not per read)"
     ),
     Setting("FOXHUNT_PROMETHEUS_MAX_POINTS", "11000", "Most points per series in one query_range request"),
+    Setting(
+        "FOXHUNT_PROMETHEUS_QUERIES_AT_ONCE",
+        "4",
+        "Queries one step (an ingest run, an alert tick) sends Prometheus side by side; 1 = one after another",
+    ),
     Setting("FOXHUNT_PROMETHEUS_BEARER_TOKEN", "", "Bearer token for Prometheus (never logged)", secret=True),
     Setting(
         "MLFLOW_TRACKING_URI", "http://127.0.0.1:15000", "MLflow tracking server (MLflow's own variable)"

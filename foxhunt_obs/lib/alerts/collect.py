@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import inspect
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from foxhunt_obs.lib import tracing
 from foxhunt_obs.lib.alerts.evaluate import EVALUATORS, Finding, from_vector, mlflow_keys
 from foxhunt_obs.lib.alerts.rules import Rule
 from foxhunt_obs.lib.redact import scrub
+from foxhunt_obs.lib.side_by_side import side_by_side
 
 MLFLOW_LOOKBACK = timedelta(hours=24)  # enough points for the robust windows of the training rules
 FSX_LOOKBACK = timedelta(minutes=30)  # the fsx rule's `for` (10 min) and CloudWatch's lateness
@@ -145,16 +145,11 @@ def _frame(source: str, read, sources: Sources, now: datetime) -> pd.DataFrame:
         return frame
 
 
-# The Prometheus rules' instant queries run side by side, this many at a time: Prometheus evaluates each
-# query on one core, so one after another a 1,024-GPU tick waits on every rule in turn (bench/sensors.py).
-# Well under a Prometheus's own --query.max-concurrency (default 20: `prometheus --help`, 2.42), which it
-# shares with dashboards and the ingest.
-PROMETHEUS_QUERIES_AT_ONCE = 4
-
-
 def _prometheus(rules: list[Rule], sources: Sources, now: datetime, out: Evaluation) -> None:
-    """Every Prometheus rule's query at `now`, PROMETHEUS_QUERIES_AT_ONCE at a time; the findings in the
-    catalog's order, as one after another. A rule whose query fails fails the source, as before."""
+    """Every Prometheus rule's query at `now`, the client's queries_at_once side by side (Prometheus
+    evaluates each query on one core: one after another, a 1,024-GPU tick waits on every rule in turn,
+    bench/sensors.py); the findings in the catalog's order, as one after another. A rule whose query
+    fails fails the source."""
     client, at = sources.prometheus, now.timestamp()
     gpus_lock, gpus = threading.Lock(), []  # GPUS_PER_POD's answer, asked once, by the first rule needing it
 
@@ -186,40 +181,12 @@ def _prometheus(rules: list[Rule], sources: Sources, now: datetime, out: Evaluat
     if len(rules) <= 1:
         results = [evaluate(rule) for rule in rules]
     else:
-        results = _side_by_side([partial(evaluate, rule) for rule in rules], PROMETHEUS_QUERIES_AT_ONCE)
+        results = side_by_side(
+            [partial(evaluate, rule) for rule in rules], client.queries_at_once, "alert-prometheus"
+        )
     for rule, findings in zip(rules, results):
         out.findings += findings
         out.evaluated.add(rule.id)
-
-
-def _side_by_side(calls: list[Callable], at_once: int) -> list:
-    """The calls' results in order, at most `at_once` running, each on a daemon thread in a copy of this
-    thread's context (the rules' spans hang under the tick's). Daemon threads, as the source's own: a hung
-    query must not keep the process from exiting. The first error is raised at once and no further call
-    starts; those running end within their request's deadline."""
-    results: list = [None] * len(calls)
-    finished: queue.SimpleQueue = queue.SimpleQueue()
-
-    def run(i: int) -> None:
-        try:
-            finished.put((i, calls[i](), None))
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread, raised there
-            finished.put((i, None, e))
-
-    started = running = 0
-    for _ in calls:
-        while running < at_once and started < len(calls):
-            context = contextvars.copy_context()
-            threading.Thread(
-                target=context.run, args=(run, started), daemon=True, name="alert-prometheus"
-            ).start()
-            started, running = started + 1, running + 1
-        i, value, error = finished.get()
-        running -= 1
-        if error is not None:
-            raise error
-        results[i] = value
-    return results
 
 
 def _frame_rules(rules: list[Rule], frame: pd.DataFrame, now: datetime, out: Evaluation) -> None:

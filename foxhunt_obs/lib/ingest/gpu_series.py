@@ -8,6 +8,7 @@ GPU (or node) per step in DuckDB. Nothing here knows about the lake or Dagster.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +26,7 @@ from foxhunt_obs.lib.ingest.metric_catalog import (
 from foxhunt_obs.lib.ingest.mig import slice_share
 from foxhunt_obs.lib.names import UNATTRIBUTED
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES
+from foxhunt_obs.lib.side_by_side import in_order
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient, RangeResult
 
 
@@ -73,22 +75,36 @@ def collect_gpu_samples(
     """gpu_samples rows for the window. `columns` limits which canonical metrics are fetched;
     `run_id_label`: a pod label carrying the MLflow run id (kube_pod_labels), '' for none."""
     wanted = [m for m in catalog.gpu_metrics if columns is None or m.column in columns]
-    targets = ScrapeTargets(
-        scrape_target_pods(client, window),
-        frozenset(exporter_containers),
-        gpu_containers(client, catalog, window),
+    # Last-listed source first, so the first-listed one wins where several report.
+    queries = [
+        (metric, source, fill(catalog.gpu_query, name=source.name, fresh=window.fresh))
+        for metric in wanted
+        for source in reversed(metric.sources)
+    ]
+    # every query of the window side by side (the client's bound), taken in this order as they are done
+    answers = in_order(
+        [
+            partial(scrape_target_pods, client, window),
+            partial(gpu_containers, client, catalog, window),
+            partial(node_names_by_ip, client, catalog, window),
+            *(
+                partial(client.query_range, query, window.start, window.end, window.step, window.label)
+                for _, _, query in queries
+            ),
+            partial(pod_experiments, client, catalog, window, experiment_label),
+            partial(pod_experiments, client, catalog, window, run_id_label) if run_id_label else lambda: None,
+        ],
+        client.queries_at_once,
+        "prometheus-ingest",
     )
-    grid = _Grid(window, node_names_by_ip(client, catalog, window))
-    for metric in wanted:
-        # Last-listed source first, so the first-listed one wins where several report.
-        for source in reversed(metric.sources):
-            query = fill(catalog.gpu_query, name=source.name, fresh=window.fresh)
-            res = client.query_range(query, window.start, window.end, window.step, window.label)
-            if res.labels:
-                _require_identity(res, catalog, node_labels, query, window)
-                grid.add(res, catalog, node_labels, targets, metric.column, source.scale, source.name)
-    experiments = pod_experiments(client, catalog, window, experiment_label)
-    run_ids = pod_experiments(client, catalog, window, run_id_label) if run_id_label else None
+    targets = ScrapeTargets(next(answers), frozenset(exporter_containers), next(answers))
+    grid = _Grid(window, next(answers))
+    for metric, source, query in queries:
+        res = next(answers)
+        if res.labels:
+            _require_identity(res, catalog, node_labels, query, window)
+            grid.add(res, catalog, node_labels, targets, metric.column, source.scale, source.name)
+    experiments, run_ids = next(answers), next(answers)
     return grid.table(catalog, {m.column for m in wanted}, experiments, run_ids)
 
 
@@ -436,11 +452,26 @@ def collect_node_samples(
     gpu_counts: pa.Table | None = None,
 ) -> pa.Table:
     """node_samples rows. gpu_counts: (ts, node, gpus_reporting) from the same window's gpu_samples."""
+    queries = [
+        (metric, fill(metric.query, fresh=window.fresh, rate=window.rate)) for metric in catalog.node_metrics
+    ]
+    answers = in_order(
+        [
+            partial(node_names_by_ip, client, catalog, window),
+            *(
+                partial(client.query_range, query, window.start, window.end, window.step, window.label)
+                for _, query in queries
+            ),
+            partial(node_instance_types, client, catalog, window),
+            partial(node_instance_ids, client, catalog, window),
+        ],
+        client.queries_at_once,
+        "prometheus-ingest",
+    )
     parts = []
-    by_ip = node_names_by_ip(client, catalog, window)
-    for metric in catalog.node_metrics:
-        query = fill(metric.query, fresh=window.fresh, rate=window.rate)
-        res = client.query_range(query, window.start, window.end, window.step, window.label)
+    by_ip = next(answers)
+    for metric, _ in queries:
+        res = next(answers)
         if not res.labels:
             continue
         names = [node_of(x, node_labels) for x in res.labels]
@@ -459,8 +490,7 @@ def collect_node_samples(
                 }
             )
         )
-    types = node_instance_types(client, catalog, window)
-    ids = node_instance_ids(client, catalog, window)
+    types, ids = next(answers), next(answers)
     if gpu_counts is None:
         gpu_counts = pa.table(
             {
@@ -576,24 +606,20 @@ def missing_core_columns(table: pa.Table, catalog: Catalog) -> dict[str, dict]:
     zero-watt GPU: the asset check fails and names what it looked for."""
     if not table.num_rows:
         return {}
-    with scratch(t=table.select(["node", "gpu", "uuid", "gpu_instance", *_core(catalog)])) as con:
-        gpus = con.execute("SELECT count(*) FROM (SELECT DISTINCT node, gpu, uuid, gpu_instance FROM t)")
-        total = gpus.fetchone()[0]
-        out = {}
-        for m in catalog.gpu_metrics:
-            if not m.core:
-                continue
-            lacking = con.execute(
-                f"""SELECT count(*) FROM (SELECT node, gpu, uuid, gpu_instance FROM t GROUP BY ALL
-                    HAVING count(*) FILTER (WHERE {m.column} IS NOT NULL AND NOT isnan({m.column})) = 0)"""
-            ).fetchone()[0]
-            if lacking:
-                names = [s.name for s in m.sources]
-                if m.otherwise:
-                    names += [s.name for s in catalog.gpu_metric(m.otherwise).sources]
-                out[m.column] = {"gpus": lacking, "of": total, "looked_for": names}
-        return out
-
-
-def _core(catalog: Catalog) -> list[str]:
-    return [m.column for m in catalog.gpu_metrics if m.core]
+    keys = ["node", "gpu", "uuid", "gpu_instance"]
+    core = [m for m in catalog.gpu_metrics if m.core]
+    # per GPU (slice): whether any sample has a value (NULL and NaN are none); Arrow's group-by, as this
+    # runs for every hour ingested (a DuckDB connection per hour cost more than the work)
+    has = {m.column: pc.invert(pc.fill_null(pc.is_nan(table.column(m.column)), True)) for m in core}
+    per_gpu = pa.table({**{k: table.column(k) for k in keys}, **has}).group_by(keys).aggregate(
+        [(column, "any") for column in has]
+    )
+    out = {}
+    for m in core:
+        lacking = per_gpu.num_rows - pc.sum(per_gpu.column(f"{m.column}_any").cast(pa.int64())).as_py()
+        if lacking:
+            names = [s.name for s in m.sources]
+            if m.otherwise:
+                names += [s.name for s in catalog.gpu_metric(m.otherwise).sources]
+            out[m.column] = {"gpus": lacking, "of": per_gpu.num_rows, "looked_for": names}
+    return out

@@ -19,6 +19,8 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -31,6 +33,11 @@ import urllib3
 from foxhunt_obs.lib import tracing
 from foxhunt_obs.lib.redact import redact_url, remember, scrub, split_userinfo
 
+# Requests one client sends side by side (the ingest's queries of an hour, the alert tick's rules): Prometheus
+# evaluates each query on one core, so one after another a run waits on every query in turn. Well under
+# Prometheus's own --query.max-concurrency (default 20: `prometheus --help`, 2.42), which it shares with
+# dashboards and other runs. FOXHUNT_PROMETHEUS_QUERIES_AT_ONCE.
+QUERIES_AT_ONCE = 4
 _RETRY_STATUS = {502, 503, 504}  # a proxy's bad gateway / gateway timeout, an overloaded Prometheus
 _READ_S = 10.0  # the longest one socket read may wait (within the total deadline)
 _DEADLINE = threading.local()  # .at: the monotonic deadline of this thread's request in flight
@@ -149,7 +156,7 @@ class RangeResult:
 class MatrixParser:
     """Parses a query_range answer incrementally: each series is cut out of the bytes as soon as it is
     complete and its [<ts>,"<value>"] pairs rewritten as CSV lines, so parsing overlaps the download.
-    Arrow's multi-threaded CSV reader then reads all points at once (NaN, +Inf and -Inf included)."""
+    Arrow's CSV reader then reads all points at once (NaN, +Inf and -Inf included)."""
 
     _METRIC, _VALUES = b'{"metric":', b',"values":[['
     _TAIL_BYTES = 1 << 16  # what finish() checks the document's end in (warnings/infos included)
@@ -160,10 +167,13 @@ class MatrixParser:
         rb'(\]\]\}|"result":\[)\s*\]\s*\}(\s*,\s*"(warnings|infos)"\s*:\s*\[.*?\])*\s*\}\s*$', re.S
     )
 
-    def __init__(self) -> None:
+    def __init__(self, label_cache: dict[bytes, dict[str, str]] | None = None) -> None:
         self._head = b""
         self._rest = b""
         self._tail = b""
+        # A series' label object is the same bytes in every window asked for: parsed once per client
+        # (`label_cache`), the dicts shared between answers and read-only to their users.
+        self._label_cache = {} if label_cache is None else label_cache
         self.labels: list[dict[str, str]] = []
         self._csv: list[bytes] = []
         self._counts: list[int] = []
@@ -171,7 +181,8 @@ class MatrixParser:
     def feed(self, chunk: bytes) -> None:
         if len(self._head) < 400:
             self._head += chunk[: 400 - len(self._head)]
-        self._tail = (self._tail + chunk)[-self._TAIL_BYTES :]
+        # the last bytes seen (a big chunk is its own tail: no copy)
+        self._tail = chunk if len(chunk) >= self._TAIL_BYTES else (self._tail + chunk)[-self._TAIL_BYTES :]
         buf = self._rest + chunk if self._rest else chunk
         pos = 0
         while True:
@@ -184,10 +195,16 @@ class MatrixParser:
             if e < 0:  # this series is not complete yet
                 pos = m
                 break
-            self.labels.append(json.loads(buf[m + len(self._METRIC) : v]))
+            raw = buf[m + len(self._METRIC) : v]
+            labels = self._label_cache.get(raw)
+            if labels is None:
+                labels = json.loads(raw)
+                if len(self._label_cache) < _LABEL_CACHE_SIZE:
+                    self._label_cache[raw] = labels
+            self.labels.append(labels)
             block = buf[v + len(self._VALUES) : e]
             self._counts.append(block.count(b"],[") + 1)
-            self._csv.append(block.replace(b"],[", b"\n").replace(b'"', b""))
+            self._csv.append(block.replace(b"],[", b"\n"))  # `<ts>,"<value>"`: CSV reads the quotes
             pos = e
         self._rest = buf[pos:]
 
@@ -198,7 +215,8 @@ class MatrixParser:
             raise ValueError(f"not a matrix result: {self._head[:300]!r}")
         if self._METRIC in self._rest:
             raise ValueError(f"truncated or malformed series: {self._rest[:200]!r}")
-        if not self._END.search(self._tail):
+        # the end is in the last bytes, unless warnings follow the data (then the regex reads them all)
+        if not (self._END.search(self._tail[-256:]) or self._END.search(self._tail)):
             raise ValueError(
                 f"truncated answer: the document does not close after {len(self.labels)} series "
                 f"(ends {self._tail[-120:]!r})"
@@ -206,9 +224,10 @@ class MatrixParser:
         if not self.labels:
             return RangeResult.empty()
         expected = sum(self._counts)
-        table = pacsv.read_csv(
-            io.BytesIO(b"\n".join(self._csv)), read_options=_CSV_READ, convert_options=_CSV_CONVERT
-        )
+        csv = b"\n".join(self._csv)
+        # threads pay for themselves on a big answer only (an hour of one metric is ~1 MB)
+        read = _CSV_READ_THREADS if len(csv) > _CSV_THREADS_FROM else _CSV_READ
+        table = pacsv.read_csv(io.BytesIO(csv), read_options=read, convert_options=_CSV_CONVERT)
         if table.num_rows != expected:
             raise ValueError(f"malformed matrix values: expected {expected} points, got {table.num_rows}")
         offsets = np.concatenate([[0], np.cumsum(self._counts)]).astype(np.int64)
@@ -222,7 +241,10 @@ def parse_matrix(body: bytes) -> RangeResult:
     return parser.finish()
 
 
-_CSV_READ = pacsv.ReadOptions(column_names=["t", "v"], block_size=1 << 22)
+_LABEL_CACHE_SIZE = 200_000  # label sets a client keeps parsed (~1 KB each)
+_CSV_READ = pacsv.ReadOptions(column_names=["t", "v"], block_size=1 << 22, use_threads=False)
+_CSV_READ_THREADS = pacsv.ReadOptions(column_names=["t", "v"], block_size=1 << 22)
+_CSV_THREADS_FROM = 1 << 22
 _CSV_CONVERT = pacsv.ConvertOptions(
     column_types={"t": pa.float64(), "v": pa.float64()}, null_values=[], strings_can_be_null=False
 )
@@ -264,6 +286,7 @@ class PrometheusClient:
         max_points: int = 11_000,
         bearer_token: str = "",
         retries: int = 3,
+        queries_at_once: int = QUERIES_AT_ONCE,
     ):
         # the credentials of http://user:pass@host go as basic auth; messages show the URL without them
         base, auth = split_userinfo(url.rstrip("/"))
@@ -272,26 +295,39 @@ class PrometheusClient:
         self.timeout_s = timeout_s
         self.max_points = max_points
         self.retries = retries
+        self.queries_at_once = queries_at_once  # a bound for callers: requests themselves are one each
+        self._label_cache: dict[bytes, dict[str, str]] = {}  # MatrixParser's, across this client's answers
         self._session = requests.Session()
         for scheme in ("http://", "https://"):
             self._session.mount(scheme, _Adapter())
         self._session.auth = auth
+        # requests reads the proxies, CA bundle and ~/.netrc from the environment for every request (~0.3 ms
+        # each: a tenth of an ingest hour's CPU, bench/prometheus_ingest.py); read once here, by requests
+        env = self._session.merge_environment_settings(base, {}, None, None, None)
+        self._session.proxies, self._session.verify = env["proxies"], env["verify"]
+        if auth is None:
+            self._session.auth = requests.utils.get_netrc_auth(base)
+        self._session.trust_env = False
         # identity by default: on a LAN, gzip costs Prometheus more CPU than it saves in transfer.
         self._session.headers["Accept-Encoding"] = "gzip" if gzip else "identity"
         remember(bearer_token)
         self._headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
 
     # -- requests with a total deadline ------------------------------------------------------------
-    def _span(self, path: str, query: str, **window: object):
+    def _span(self, path: str, query: str, window: Callable[[], dict[str, object]]):
         """The span of one request (lib/tracing.py): the HTTP client conventions' attributes, the query
-        and its window; `_send` adds the status and bytes, the caller the rows it parsed."""
+        and its window (`window()`: built only when spans are recorded, as the ISO times and the URL's
+        parts cost a tenth of a millisecond a request); `_send` adds the status and bytes, the caller the
+        rows it parsed."""
+        if not tracing.enabled():
+            return nullcontext(tracing.NO_SPAN)
         return tracing.span(
             f"POST {path}",
             {
                 **tracing.http_attributes("POST", f"{self.url}{path}"),
                 tracing.SOURCE: "prometheus",
                 tracing.QUERY: query,
-                **{f"foxhunt.{k}": v for k, v in window.items()},
+                **{f"foxhunt.{k}": v for k, v in window().items()},
             },
             kind=tracing.CLIENT,
         )
@@ -384,7 +420,7 @@ class PrometheusClient:
             )
 
         body = bytearray()
-        with self._span("/api/v1/query", query, time=iso(at), purpose=what or None) as span:
+        with self._span("/api/v1/query", query, lambda: {"time": iso(at), "purpose": what or None}) as span:
             self._send("/api/v1/query", {"query": query, "time": f"{at:.3f}"}, body.extend, describe, span)
             try:
                 doc = json.loads(body)
@@ -420,7 +456,9 @@ class PrometheusClient:
 
     def _range_span(self, query: str, start: float, end: float, step: float, what: str):
         return self._span(
-            "/api/v1/query_range", query, start=iso(start), end=iso(end), step_s=step, purpose=what or None
+            "/api/v1/query_range",
+            query,
+            lambda: {"start": iso(start), "end": iso(end), "step_s": step, "purpose": what or None},
         )
 
     def _send_range(
@@ -436,7 +474,7 @@ class PrometheusClient:
         )
 
     def _range_chunk(self, query: str, start: float, end: float, step: float, what: str) -> RangeResult:
-        parser = MatrixParser()
+        parser = MatrixParser(self._label_cache)
         with self._range_span(query, start, end, step, what) as span:
             self._send_range(query, start, end, step, what, parser.feed, span)
             try:

@@ -1,5 +1,6 @@
 """The Prometheus ingest tables, one function each: gpu_samples (with its four checks) and node_samples.
-Each hour of `hours` is collected, guarded against replacing good rows with fewer, and written."""
+Each hour of `hours` is collected, guarded against replacing good rows with fewer, and written; gpu_samples
+downloads the next hour meanwhile."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from foxhunt_obs.lib.ingest.metric_catalog import Catalog
 from foxhunt_obs.lib.lake import Lake, shrink_reason
 from foxhunt_obs.lib.schemas import GPU_SAMPLES, NODE_SAMPLES, TableSpec
 from foxhunt_obs.lib.settings import ClusterSettings
+from foxhunt_obs.lib.side_by_side import one_ahead
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput, md_table
 
@@ -55,17 +57,21 @@ def gpu_samples(
     tables: dict[str, pa.Table] = {}
     missing: dict[str, dict] = {}
     log: list[tuple[str, str]] = []
-    for hour in hours:
-        key = GPU_SAMPLES.key(hour)
-        table = collect_gpu_samples(
+
+    def collect(hour: datetime) -> pa.Table:
+        return collect_gpu_samples(
             client,
             catalog,
-            hour_window(hour, settings.scrape_step_s, f"gpu_samples partition {key}"),
+            hour_window(hour, settings.scrape_step_s, f"gpu_samples partition {GPU_SAMPLES.key(hour)}"),
             node_labels=settings.node_labels,
             experiment_label=settings.experiment_label,
             exporter_containers=settings.exporter_containers,
             run_id_label=settings.run_id_label,
         )
+
+    # the next hour is downloaded while this one is checked and written
+    for hour, table in one_ahead(hours, collect, "gpu_samples-next-hour"):
+        key = GPU_SAMPLES.key(hour)
         guard_fewer_rows(lake, GPU_SAMPLES, key, table, ["uuid", "gpu_instance"], allow_fewer_rows)
         lake.write_partition(GPU_SAMPLES, key, table)
         log.append(("info", f"gpu_samples {key}: {table.num_rows} rows"))

@@ -1,6 +1,6 @@
-"""The Prometheus rules' queries run side by side (collect.PROMETHEUS_QUERIES_AT_ONCE, issue 19): the same
-findings, in the catalog's order, as one after another, on a real Prometheus; never more queries in flight
-than the bound; a failing query still fails the whole source, naming its rule."""
+"""The Prometheus rules' queries run side by side (the client's queries_at_once, issue 19): the same
+findings, in the catalog's order, as one after another, on a real Prometheus; never more queries in
+flight than the bound; a failing query still fails the whole source, naming its rule."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from foxhunt_obs.lib.alerts import collect
 from foxhunt_obs.lib.alerts.collect import Sources
 from foxhunt_obs.lib.alerts.rules import load_rules
-from foxhunt_obs.lib.sources.prometheus import PrometheusClient
+from foxhunt_obs.lib.sources.prometheus import QUERIES_AT_ONCE, PrometheusClient
 from foxhunt_obs.sandbox.servers import prometheus as sandbox_prometheus
 from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer, backfill_openmetrics
 
@@ -67,16 +67,16 @@ def _rules():
     return [r for r in load_rules(overrides="") if r.enabled and r.source == "prometheus"]
 
 
-def _findings(url: str, monkeypatch, at_once: int):
-    monkeypatch.setattr(collect, "PROMETHEUS_QUERIES_AT_ONCE", at_once)
-    ev = collect.collect(_rules(), Sources(prometheus=PrometheusClient(url, timeout_s=20)), NOW)
+def _findings(url: str, at_once: int):
+    client = PrometheusClient(url, timeout_s=20, queries_at_once=at_once)
+    ev = collect.collect(_rules(), Sources(prometheus=client), NOW)
     assert not ev.errors, ev.errors
     return ev, [(f.rule, f.labels, f.value, f.extra) for f in ev.findings]
 
 
-def test_side_by_side_finds_what_one_after_another_finds_in_the_same_order(prometheus, monkeypatch):
-    serial_ev, serial = _findings(prometheus.url, monkeypatch, 1)
-    ev, found = _findings(prometheus.url, monkeypatch, 4)
+def test_side_by_side_finds_what_one_after_another_finds_in_the_same_order(prometheus):
+    serial_ev, serial = _findings(prometheus.url, 1)
+    ev, found = _findings(prometheus.url, 4)
     assert found == serial  # same findings, same order
     assert ev.evaluated == serial_ev.evaluated == {r.id for r in _rules()}
     by_rule = {}
@@ -149,13 +149,14 @@ def _slow_server(fail: str = "\x00"):
         srv.server_close()
 
 
-def test_queries_overlap_up_to_the_bound_and_no_further(monkeypatch):
+def test_queries_overlap_up_to_the_bound_and_no_further():
     rules = _rules()
-    assert len(rules) > collect.PROMETHEUS_QUERIES_AT_ONCE  # else the bound is not exercised
-    monkeypatch.setattr(collect, "PROMETHEUS_QUERIES_AT_ONCE", 3)
+    assert len(rules) > 3  # else the bound is not exercised
     with _slow_server() as (url, seen):
         t = time.monotonic()
-        ev = collect.collect(rules, Sources(prometheus=PrometheusClient(url, timeout_s=20)), NOW)
+        ev = collect.collect(
+            rules, Sources(prometheus=PrometheusClient(url, timeout_s=20, queries_at_once=3)), NOW
+        )
         took = time.monotonic() - t
     assert not ev.errors and ev.evaluated == {r.id for r in rules}
     assert seen.most == 3
@@ -163,14 +164,14 @@ def test_queries_overlap_up_to_the_bound_and_no_further(monkeypatch):
     assert took < len(rules) * _Slow.DELAY_S  # under one after another's time (~2.5x under, when quiet)
 
 
-def test_one_at_once_is_one_after_another(monkeypatch):
-    monkeypatch.setattr(collect, "PROMETHEUS_QUERIES_AT_ONCE", 1)
+def test_one_at_once_is_one_after_another():
     with _slow_server() as (url, seen):
-        collect.collect(_rules()[:3], Sources(prometheus=PrometheusClient(url, timeout_s=20)), NOW)
+        client = PrometheusClient(url, timeout_s=20, queries_at_once=1)
+        collect.collect(_rules()[:3], Sources(prometheus=client), NOW)
     assert seen.most == 1 and len(seen.seen) == 3
 
 
-def test_a_failing_query_fails_the_source_and_names_its_rule(monkeypatch):
+def test_a_failing_query_fails_the_source_and_names_its_rule():
     rules = _rules()
     bad = next(r for r in rules if r.id == "xid_errors")
     with _slow_server(fail="foxhunt:gpu_xid_last:code") as (url, _):
@@ -211,7 +212,5 @@ def test_a_hung_prometheus_does_not_hold_the_process_at_exit(tmp_path):
     took = time.monotonic() - t
     assert out.returncode == 0, out.stderr
     n_rules = int(out.stdout.split()[0])
-    assert (
-        n_rules > collect.PROMETHEUS_QUERIES_AT_ONCE and "['prometheus']" in out.stdout
-    )  # late: not evaluated
+    assert n_rules > QUERIES_AT_ONCE and "['prometheus']" in out.stdout  # late: not evaluated
     assert took < 8  # the client's timeout: a pool's worker threads would be joined at exit, 2 x 8 s

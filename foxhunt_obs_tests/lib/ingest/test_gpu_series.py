@@ -1,4 +1,5 @@
-"""gpu_series without a server: provider ids, and which instance a node is at each step."""
+"""gpu_series without a server: provider ids, which instance a node is at each step, and the GPUs that
+report no core column."""
 
 import numpy as np
 import pyarrow as pa
@@ -8,6 +9,7 @@ from foxhunt_obs.lib.ingest.gpu_series import (
     Window,
     collect_node_samples,
     instance_id_of,
+    missing_core_columns,
     node_instance_ids,
 )
 from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
@@ -38,6 +40,8 @@ def test_instance_id_is_the_last_component_of_the_provider_id(provider_id, insta
 
 class FakeProm:
     """Answers kube_node_info's timestamp() range query with fixed series; every other query is empty."""
+
+    queries_at_once = 1  # the queries' order is asserted
 
     def __init__(self, series: list[tuple[dict[str, str], list[tuple[float, float]]]]):
         self.series = series
@@ -117,3 +121,50 @@ def test_series_without_identifying_labels_are_refused_with_the_query():
     with pytest.raises(IngestError, match=r"gpu_samples partition 2026-11-16T00: 2 of 2 series of "
                        r"last_over_time\(DCGM_FI_DEV_GPU_UTIL\[14999ms\]\) carry no node"):  # fmt: skip
         collect_gpu_samples(AnonymousProm([]), load_catalog(), window, node_labels=("node", "instance"))
+
+
+def _missing_by_sql(table: pa.Table, catalog) -> dict[str, int]:
+    """The previous implementation's query (DuckDB, a connection per call): the oracle."""
+    from foxhunt_obs.lib.duck import scratch
+
+    out = {}
+    with scratch(t=table) as con:
+        for m in (m for m in catalog.gpu_metrics if m.core):
+            lacking = con.execute(
+                f"""SELECT count(*) FROM (SELECT node, gpu, uuid, gpu_instance FROM t GROUP BY ALL
+                    HAVING count(*) FILTER (WHERE {m.column} IS NOT NULL AND NOT isnan({m.column})) = 0)"""
+            ).fetchone()[0]
+            if lacking:
+                out[m.column] = lacking
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_missing_core_columns_counts_the_gpus_with_no_value_as_the_sql_did(seed):
+    """GPUs (and MIG slices: gpu_instance, NULL for a whole GPU) whose core columns are all NULL, all NaN,
+    a mix of both, or have one real value among them; dictionary labels, as the lake holds them."""
+    catalog = load_catalog()
+    core = [m.column for m in catalog.gpu_metrics if m.core]
+    rng = np.random.default_rng(seed)
+    n = 400
+    columns = {
+        "node": pa.array(rng.choice(["a", "b"], n)).dictionary_encode(),
+        "gpu": pa.array(rng.integers(0, 3, n), pa.int32()),
+        "uuid": pa.array([f"GPU-{g}" for g in rng.integers(0, 4, n)]).dictionary_encode(),
+        "gpu_instance": pa.array([None if x < 0 else int(x) for x in rng.integers(-1, 2, n)], pa.int32()),
+    }
+    for c in core:
+        kind = rng.integers(0, 4, n)  # 0 value, 1 NULL, 2 NaN, 3 NULL: values are rare
+        values = np.where(kind == 2, np.nan, rng.random(n))
+        values = np.where(rng.random(n) < 0.9, np.where(kind == 0, np.nan, values), values)
+        columns[c] = pa.array(values, mask=(kind % 2 == 1))
+    table = pa.table(columns)
+    got = missing_core_columns(table, catalog)
+    expected = _missing_by_sql(table, catalog)
+    assert {c: v["gpus"] for c, v in got.items()} == expected
+    assert expected  # the case exercises some lacking GPUs
+    groups = len(
+        {r for r in zip(*(table.column(k).to_pylist() for k in ("node", "gpu", "uuid", "gpu_instance")))}
+    )
+    assert all(v["of"] == groups for v in got.values())
+    assert missing_core_columns(table.slice(0, 0), catalog) == {}

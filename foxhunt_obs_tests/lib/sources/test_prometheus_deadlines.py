@@ -124,3 +124,29 @@ def test_a_fast_server_is_unaffected():
     assert client.query("up", 1.0) == [({"g": "0"}, 7.0)]
     client.check()
     server.shutdown()
+
+
+def test_the_environments_proxy_and_no_proxy_are_honoured(monkeypatch):
+    """The client reads the proxy settings once, when built (requests would read them on every request):
+    HTTP_PROXY carries a request to a host only the proxy knows; NO_PROXY sends one past a dead proxy."""
+    server = StandIn("fast")
+    seen = []
+    handle = Handler.do_POST
+
+    def recording(self):
+        seen.append(self.path)
+        handle(self)
+
+    monkeypatch.setattr(Handler, "do_POST", recording)
+    for var in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    client = PrometheusClient("http://prometheus.invalid:9090", timeout_s=5)
+    assert client.query("up", 1.0) == [({"g": "0"}, 7.0)]
+    assert seen == ["http://prometheus.invalid:9090/api/v1/query"]  # the absolute form a proxy is sent
+
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert PrometheusClient(server.url, timeout_s=5).query("up", 1.0) == [({"g": "0"}, 7.0)]
+    assert seen[-1] == "/api/v1/query"
+    server.shutdown()

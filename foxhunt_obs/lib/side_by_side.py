@@ -1,0 +1,94 @@
+"""Calls that wait on a server, run beside each other on daemon threads.
+
+Daemon threads, not a pool: concurrent.futures joins its workers when the interpreter exits, so a hung
+server would hold a finished (or failed) Dagster step until its request's deadline. Each call runs in a
+copy of the caller's context, so the spans it opens hang under the caller's (lib/tracing.py).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _start(target: Callable[[], None], name: str) -> None:
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(target,), daemon=True, name=name).start()
+
+
+def in_order(calls: list[Callable[[], R]], at_once: int, name: str = "side-by-side") -> Iterator[R]:
+    """The calls' results in order, each as soon as it and those before it are done; at most `at_once`
+    running, none started more than `at_once` past the result the caller is on (what waits for its turn
+    is held in memory). The first error is raised at once and no further call starts; those running end
+    within their own request's deadline."""
+    if at_once <= 1:
+        for call in calls:
+            yield call()
+        return
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run(i: int) -> None:
+        try:
+            finished.put((i, calls[i](), None))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread, raised there
+            finished.put((i, None, e))
+
+    done: dict[int, R] = {}
+    started = 0
+
+    def start_until(stop: int) -> None:
+        nonlocal started
+        while started < min(len(calls), stop):
+            _start(lambda j=started: run(j), name)
+            started += 1
+
+    start_until(at_once)
+    for i in range(len(calls)):
+        while i not in done:
+            j, value, error = finished.get()
+            if error is not None:
+                raise error
+            done[j] = value
+        start_until(i + 1 + at_once)  # while the caller is on result i, the next at_once run
+        yield done.pop(i)
+
+
+def side_by_side(calls: list[Callable[[], R]], at_once: int, name: str = "side-by-side") -> list[R]:
+    """in_order's results as a list."""
+    return list(in_order(calls, at_once, name))
+
+
+def one_ahead(items: Iterable[T], fetch: Callable[[T], R], name: str = "one-ahead") -> Iterator[tuple[T, R]]:
+    """(item, fetch(item)) in order, the next item's fetch running while the caller works on this one:
+    downloading hour h + 1 overlaps writing hour h. An item's error is raised when the caller reaches
+    it, after every item before it, as one after another; no fetch starts after the caller stops."""
+    items = list(items)
+    if not items:
+        return
+
+    def begin(item: T) -> queue.SimpleQueue:
+        box = queue.SimpleQueue()
+
+        def run() -> None:
+            try:
+                box.put((fetch(item), None))
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                box.put((None, e))
+
+        _start(run, name)
+        return box
+
+    box = begin(items[0])
+    for i, item in enumerate(items):
+        value, error = box.get()
+        if error is not None:
+            raise error
+        if i + 1 < len(items):
+            box = begin(items[i + 1])
+        yield item, value
