@@ -132,8 +132,9 @@ def day_hours() -> list[datetime]:
     return [datetime.fromtimestamp(START.timestamp() + h * 3600, timezone.utc) for h in range(HOURS)]
 
 
-def day_method(name: str, url: str, recorded: str) -> dict:
-    """One asset-day method in this process; `recorded`: the JSON of ours' requests (record_requests)."""
+def day_method(name: str, url: str, recorded: str, prometheus_pid: int | None = None) -> dict:
+    """One asset-day method in this process; `recorded`: the JSON of ours' requests (record_requests);
+    with prometheus_pid, the CPU Prometheus used over the same timed span."""
     from functools import partial
 
     import foxhunt_obs.lib.tables.gpu as gpu_tables
@@ -143,6 +144,7 @@ def day_method(name: str, url: str, recorded: str) -> dict:
     from foxhunt_obs.lib.sources.prometheus import QUERIES_AT_ONCE, PrometheusClient
 
     extra: dict = {}
+    prom0 = _process_cpu_s(prometheus_pid) if prometheus_pid else 0.0
     t0, cpu0 = time.perf_counter(), _cpu_s()
     if name.startswith("raw"):
         client = PrometheusClient(url)
@@ -165,6 +167,8 @@ def day_method(name: str, url: str, recorded: str) -> dict:
         points = sum(t.num_rows for t in built.partitions.values())
         extra["checks_passed"] = all(c.passed for c in built.checks)
     seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+    if prometheus_pid:
+        extra["prometheus_cpu_s"] = _process_cpu_s(prometheus_pid) - prom0
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "seconds": seconds,
@@ -208,17 +212,15 @@ def record_requests(url: str, out: Path) -> int:
 
 
 def run_in_subprocess(name: str, url: str, recorded: str = "", prometheus_pid: int | None = None) -> dict:
-    """One method in a fresh process; with prometheus_pid, the CPU Prometheus used meanwhile (its share
-    of the two cores: on this machine the client and the server take turns on them)."""
+    """One method in a fresh process (an asset-day one when `recorded` is given, with the CPU Prometheus
+    used while it ran: on this machine the client and the server share the two cores)."""
     args = ["--day-method", name, "--recorded", recorded] if recorded else ["--method", name]
-    before = _process_cpu_s(prometheus_pid) if prometheus_pid else 0.0
+    if prometheus_pid:
+        args += ["--prometheus-pid", str(prometheus_pid)]
     out = subprocess.run(
         [sys.executable, __file__, *args, "--url", url], capture_output=True, text=True, check=True
     )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    if prometheus_pid:
-        result["prometheus_cpu_s"] = _process_cpu_s(prometheus_pid) - before
-    return result
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def prometheus_version() -> str:
@@ -291,6 +293,9 @@ def main(rounds: int = ROUNDS) -> None:
                 ).stdout.split()[-1]
             )  # also warms Prometheus's caches
             run_in_subprocess("raw", prom.url)
+            idle0 = _process_cpu_s(prom.pid)
+            time.sleep(3)
+            prometheus_idle_cpu_per_s = (_process_cpu_s(prom.pid) - idle0) / 3
             window: dict[str, list[dict]] = {m: [] for m in METHODS}
             day: dict[str, list[dict]] = {m: [] for m in DAY_METHODS}
             for i in range(rounds):
@@ -335,6 +340,7 @@ def main(rounds: int = ROUNDS) -> None:
             "one_window_query": QUERY,
             "one_window_response_bytes": window["raw"][0]["bytes"],
             "tsdb_build_seconds": round(build_s, 1),
+            "prometheus_idle_cpu_per_s": round(prometheus_idle_cpu_per_s, 3),
         },
         "asset_day": day_s,
         "one_window": window_s,
@@ -347,7 +353,8 @@ def main(rounds: int = ROUNDS) -> None:
             "ours_over_raw_one_window": wmed["ours"] / wmed["raw"],
         },
         # Client and server share this machine's two cores: ours cannot end before their CPU seconds
-        # together, spread over both cores, are spent. That floor over raw is the best ratio reachable here.
+        # together (Prometheus's measured over ours' timed span), spread over both cores, are spent. That
+        # floor over raw is the best ratio reachable here; the GIL keeps most of ours on one core besides.
         "two_core_floor": {
             "ours_cpu_s": day_s["ours"]["cpu_s_median"],
             "prometheus_cpu_s": day_s["ours"]["prometheus_cpu_s_median"],
@@ -402,6 +409,7 @@ if __name__ == "__main__":
     p.add_argument("--day-method", choices=DAY_METHODS)
     p.add_argument("--recorded")
     p.add_argument("--record", help="run ours once, writing its requests to this file")
+    p.add_argument("--prometheus-pid", type=int)
     p.add_argument("--url")
     p.add_argument("--rounds", type=int, default=ROUNDS)
     a = p.parse_args()
@@ -410,6 +418,6 @@ if __name__ == "__main__":
     elif a.record:
         print(record_requests(a.url, Path(a.record)))
     elif a.day_method:
-        print(json.dumps(day_method(a.day_method, a.url, a.recorded)))
+        print(json.dumps(day_method(a.day_method, a.url, a.recorded, a.prometheus_pid)))
     else:
         main(a.rounds)

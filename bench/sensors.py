@@ -254,7 +254,9 @@ def run_ours(url: str, at_once: int | None = None) -> dict:
 
     ticks, queries_s, evaluated, findings, notes, cursor = [], [], set(), 0, defaultdict(int), None
     for now in tick_times():
-        sources = Sources(prometheus=TimedClient(url, **({"queries_at_once": at_once} if at_once else {})))  # the sensor builds its resources every tick
+        # the sensor builds its resources every tick
+        client = TimedClient(url, **({"queries_at_once": at_once} if at_once else {}))
+        sources = Sources(prometheus=client)
         n0 = len(log)
         t = time.perf_counter()
         cursor, report = engine.tick(

@@ -25,8 +25,9 @@ def _start(target: Callable[[], None], name: str) -> None:
 def in_order(calls: list[Callable[[], R]], at_once: int, name: str = "side-by-side") -> Iterator[R]:
     """The calls' results in order, each as soon as it and those before it are done; at most `at_once`
     running, none started more than `at_once` past the result the caller is on (what waits for its turn
-    is held in memory). The first error is raised at once and no further call starts; those running end
-    within their own request's deadline."""
+    is held in memory). A call's error is raised when the caller reaches it, as one after another would
+    (so which error a run reports does not depend on timing); once one has failed, no further call
+    starts, and those running end within their own request's deadline."""
     if at_once <= 1:
         for call in calls:
             yield call()
@@ -39,24 +40,26 @@ def in_order(calls: list[Callable[[], R]], at_once: int, name: str = "side-by-si
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread, raised there
             finished.put((i, None, e))
 
-    done: dict[int, R] = {}
-    started = 0
+    done: dict[int, tuple] = {}
+    started, failed = 0, False
 
     def start_until(stop: int) -> None:
         nonlocal started
-        while started < min(len(calls), stop):
+        while not failed and started < min(len(calls), stop):
             _start(lambda j=started: run(j), name)
             started += 1
 
     start_until(at_once)
     for i in range(len(calls)):
-        while i not in done:
+        while i not in done:  # every call before the first failure was started: none is waited for in vain
             j, value, error = finished.get()
-            if error is not None:
-                raise error
-            done[j] = value
+            done[j] = (value, error)
+            failed = failed or error is not None
+        value, error = done.pop(i)
+        if error is not None:
+            raise error
         start_until(i + 1 + at_once)  # while the caller is on result i, the next at_once run
-        yield done.pop(i)
+        yield value
 
 
 def side_by_side(calls: list[Callable[[], R]], at_once: int, name: str = "side-by-side") -> list[R]:
@@ -67,7 +70,8 @@ def side_by_side(calls: list[Callable[[], R]], at_once: int, name: str = "side-b
 def one_ahead(items: Iterable[T], fetch: Callable[[T], R], name: str = "one-ahead") -> Iterator[tuple[T, R]]:
     """(item, fetch(item)) in order, the next item's fetch running while the caller works on this one:
     downloading hour h + 1 overlaps writing hour h. An item's error is raised when the caller reaches
-    it, after every item before it, as one after another; no fetch starts after the caller stops."""
+    it, after every item before it, as one after another. When the caller stops, the fetch already
+    running ends within its own requests' deadlines and no other starts."""
     items = list(items)
     if not items:
         return

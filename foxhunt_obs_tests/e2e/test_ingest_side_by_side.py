@@ -47,19 +47,20 @@ def test_an_hour_side_by_side_equals_one_query_after_another(small, prometheus, 
 
 
 class _Recording(PrometheusClient):
-    """Records when each range query of a window starts and ends; fails the windows starting at `fail_at`."""
+    """Records when each range query of a window starts (and ends); fails the windows starting at `fail_at`."""
 
     def __init__(self, url: str, fail_at: float | None = None, **kw):
         super().__init__(url, **kw)
         self.fail_at, self.lock, self.calls = fail_at, threading.Lock(), []
 
     def query_range(self, query, start, end, step, what=""):
-        t0 = time.monotonic()
+        with self.lock:
+            self.calls.append([start, time.monotonic(), None])  # recorded as it starts
+            call = self.calls[-1]
         if start == self.fail_at:
             raise PrometheusError(f"stand-in failure for the window at {iso(start)} ({what})")
         out = super().query_range(query, start, end, step, what)
-        with self.lock:
-            self.calls.append((start, t0, time.monotonic()))
+        call[2] = time.monotonic()
         return out
 
 

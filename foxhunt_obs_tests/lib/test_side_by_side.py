@@ -14,15 +14,22 @@ from foxhunt_obs.lib.side_by_side import in_order, one_ahead, side_by_side
 class _Calls:
     """Calls that sleep (shortest last, so they finish out of order) and record what ran when."""
 
-    def __init__(self, n: int, fail: int | None = None):
+    def __init__(self, n: int, fail: int | None = None, first_together: int = 0):
         self.lock, self.running, self.most, self.started = threading.Lock(), 0, 0, []
         self.n, self.fail = n, fail
+        # the first `first_together` calls wait for each other: reaching the bound does not depend on how
+        # fast a loaded machine starts threads
+        self.together, self.all_in = first_together, threading.Event()
 
     def call(self, i: int):
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
             self.started.append(i)
+            if len(self.started) >= self.together:
+                self.all_in.set()
+        if i < self.together:
+            assert self.all_in.wait(10)
         time.sleep(0.02 * (self.n - i) / self.n + 0.01)
         with self.lock:
             self.running -= 1
@@ -36,7 +43,7 @@ class _Calls:
 
 @pytest.mark.parametrize("at_once", [1, 2, 4, 30])
 def test_results_in_order_and_never_more_running_than_the_bound(at_once):
-    c = _Calls(12)
+    c = _Calls(12, first_together=min(at_once, 12))
     assert side_by_side(c.calls(), at_once) == [i * 10 for i in range(12)]
     assert c.most == min(at_once, 12)
     assert sorted(c.started) == list(range(12))
@@ -57,6 +64,24 @@ def test_the_first_error_is_raised_and_no_call_starts_after_it():
         side_by_side(c.calls(), 3)
     time.sleep(0.1)
     assert max(c.started) <= 3  # started before the failure was seen; nothing after
+
+
+def test_errors_are_raised_in_the_calls_order_not_as_they_happen():
+    """Call 2 fails at once, call 1 later: the caller gets result 0, then call 1's error, as one after
+    another would have it (a run's error never depends on which query was quicker)."""
+
+    def call(i: int):
+        if i == 1:
+            time.sleep(0.2)
+            raise ValueError("call 1")
+        if i == 2:
+            raise ValueError("call 2")
+        return i
+
+    answers = in_order([lambda i=i: call(i) for i in range(6)], 4)
+    assert next(answers) == 0
+    with pytest.raises(ValueError, match="call 1"):
+        next(answers)
 
 
 def test_one_ahead_fetches_the_next_item_while_the_caller_works():

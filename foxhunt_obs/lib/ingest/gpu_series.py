@@ -611,8 +611,12 @@ def missing_core_columns(table: pa.Table, catalog: Catalog) -> dict[str, dict]:
     # per GPU (slice): whether any sample has a value (NULL and NaN are none); Arrow's group-by, as this
     # runs for every hour ingested (a DuckDB connection per hour cost more than the work)
     has = {m.column: pc.invert(pc.fill_null(pc.is_nan(table.column(m.column)), True)) for m in core}
-    per_gpu = pa.table({**{k: table.column(k) for k in keys}, **has}).group_by(keys).aggregate(
-        [(column, "any") for column in has]
+    # chunks with dictionaries of their own (a concatenated table) must share one to be grouped
+    labels = table.select(keys).unify_dictionaries()
+    per_gpu = (
+        pa.table({**{k: labels.column(k) for k in keys}, **has})
+        .group_by(keys)
+        .aggregate([(column, "any") for column in has])
     )
     out = {}
     for m in core:

@@ -241,7 +241,9 @@ def parse_matrix(body: bytes) -> RangeResult:
     return parser.finish()
 
 
-_LABEL_CACHE_SIZE = 200_000  # label sets a client keeps parsed (~1 KB each)
+# label sets a client keeps parsed: a DCGM series' is ~2.5 KB in memory, so at most ~50 MB; enough for
+# every series of 1,000 GPUs' metrics, beyond which the rest are parsed each time
+_LABEL_CACHE_SIZE = 20_000
 _CSV_READ = pacsv.ReadOptions(column_names=["t", "v"], block_size=1 << 22, use_threads=False)
 _CSV_READ_THREADS = pacsv.ReadOptions(column_names=["t", "v"], block_size=1 << 22)
 _CSV_THREADS_FROM = 1 << 22
@@ -299,10 +301,12 @@ class PrometheusClient:
         self._label_cache: dict[bytes, dict[str, str]] = {}  # MatrixParser's, across this client's answers
         self._session = requests.Session()
         for scheme in ("http://", "https://"):
-            self._session.mount(scheme, _Adapter())
+            # a connection for each query in flight (requests keeps 10 per host by default)
+            self._session.mount(scheme, _Adapter(pool_maxsize=max(10, queries_at_once)))
         self._session.auth = auth
         # requests reads the proxies, CA bundle and ~/.netrc from the environment for every request (~0.3 ms
-        # each: a tenth of an ingest hour's CPU, bench/prometheus_ingest.py); read once here, by requests
+        # each: a tenth of an ingest hour's CPU, bench/prometheus_ingest.py); read once here, by requests.
+        # (A redirect to another host would then keep these: Prometheus's API does not redirect.)
         env = self._session.merge_environment_settings(base, {}, None, None, None)
         self._session.proxies, self._session.verify = env["proxies"], env["verify"]
         if auth is None:

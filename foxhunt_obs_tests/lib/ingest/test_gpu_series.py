@@ -168,3 +168,19 @@ def test_missing_core_columns_counts_the_gpus_with_no_value_as_the_sql_did(seed)
     )
     assert all(v["of"] == groups for v in got.values())
     assert missing_core_columns(table.slice(0, 0), catalog) == {}
+    # two chunks, each label column with a dictionary of its own (as a concatenation of hours has)
+    halves = pa.concat_tables([table.slice(0, n // 2), _recode(table.slice(n // 2))])
+    assert halves.column("uuid").num_chunks == 2
+    assert {c: v["gpus"] for c, v in missing_core_columns(halves, catalog).items()} == expected
+
+
+def _recode(table: pa.Table) -> pa.Table:
+    """The same values with freshly built dictionaries (another order of the values)."""
+    for name in ("node", "uuid"):
+        values = table.column(name).cast(pa.string())
+        order = pa.array(sorted(set(values.to_pylist()), reverse=True))
+        indices = pa.compute.index_in(values, value_set=order)
+        table = table.set_column(
+            table.schema.get_field_index(name), name, pa.DictionaryArray.from_arrays(indices, order)
+        )
+    return table

@@ -140,13 +140,15 @@ def test_the_environments_proxy_and_no_proxy_are_honoured(monkeypatch):
     monkeypatch.setattr(Handler, "do_POST", recording)
     for var in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HTTP_PROXY", server.url)
-    client = PrometheusClient("http://prometheus.invalid:9090", timeout_s=5)
-    assert client.query("up", 1.0) == [({"g": "0"}, 7.0)]
-    assert seen == ["http://prometheus.invalid:9090/api/v1/query"]  # the absolute form a proxy is sent
+    try:
+        monkeypatch.setenv("HTTP_PROXY", server.url)
+        client = PrometheusClient("http://prometheus.invalid:9090", timeout_s=5)
+        assert client.query("up", 1.0) == [({"g": "0"}, 7.0)]
+        assert seen == ["http://prometheus.invalid:9090/api/v1/query"]  # the absolute form a proxy is sent
 
-    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    assert PrometheusClient(server.url, timeout_s=5).query("up", 1.0) == [({"g": "0"}, 7.0)]
-    assert seen[-1] == "/api/v1/query"
-    server.shutdown()
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert PrometheusClient(server.url, timeout_s=5).query("up", 1.0) == [({"g": "0"}, 7.0)]
+        assert seen[-1] == "/api/v1/query"
+    finally:
+        server.shutdown()
