@@ -125,11 +125,11 @@ def weekly_cost_report(
     week_start = context.partition_time_window.start.date()
     # the report links to this run's trace (from the run's start) and its pods' logs, when the alerting
     # resource's FOXHUNT_TRACE_URL_TEMPLATE / FOXHUNT_LOGS_URL_TEMPLATE are set
-    record = context.instance.get_run_record_by_id(context.run_id)
+    record = context.instance.get_run_record_by_id(context.run.run_id)
     started = record.start_time if record is not None and record.start_time else None
     links = ReportLinks(
         templates=alerting.links(),
-        run_id=context.run_id,
+        run_id=context.run.run_id,
         run_started=datetime.fromtimestamp(started, timezone.utc) if started else datetime.now(timezone.utc),
     )
     built = assetkit.build(
