@@ -19,6 +19,8 @@ Each method runs in a fresh process (so peak RSS is its own), the methods interl
 the machine's load weighs on all alike; the median counts. Imports are not timed: each process first
 imports what the asset's process has loaded (lib/tables, which loads pandas, which pyarrow would
 otherwise import lazily inside the first conversion it makes).
+The asset-day methods also record their CPU seconds (every thread) and Prometheus's over the same span:
+client and server share this machine's two cores, and `cpu_floor` says how near raw ours can get here.
 Writes bench/results/prometheus_ingest.json (machine, load average before and after, ratios and targets)
 and prints a table.
 """
