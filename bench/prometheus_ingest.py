@@ -134,14 +134,22 @@ def day_hours() -> list[datetime]:
     return [datetime.fromtimestamp(START.timestamp() + h * 3600, timezone.utc) for h in range(HOURS)]
 
 
+def asset_day(client):
+    """What the gpu_samples asset does for a day of hourly partitions, into a lake thrown away after."""
+    import foxhunt_obs.lib.tables.gpu as gpu_tables
+    from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
+    from foxhunt_obs.lib.lake import Lake
+
+    with tempfile.TemporaryDirectory() as lake_dir:
+        return gpu_tables.gpu_samples(Lake(lake_dir), client, load_catalog(), _settings(), day_hours())
+
+
 def day_method(name: str, url: str, recorded: str, prometheus_pid: int | None = None) -> dict:
     """One asset-day method in this process; `recorded`: the JSON of ours' requests (record_requests);
     with prometheus_pid, the CPU Prometheus used over the same timed span."""
     from functools import partial
 
-    import foxhunt_obs.lib.tables.gpu as gpu_tables
-    from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
-    from foxhunt_obs.lib.lake import Lake
+    import foxhunt_obs.lib.tables.gpu  # noqa: F401 - the asset's module: what its process has loaded
     from foxhunt_obs.lib.side_by_side import side_by_side
     from foxhunt_obs.lib.sources.prometheus import QUERIES_AT_ONCE, PrometheusClient
 
@@ -164,8 +172,7 @@ def day_method(name: str, url: str, recorded: str, prometheus_pid: int | None = 
         points = None
     else:
         client = PrometheusClient(url, queries_at_once=1 if name == "ours_serial" else QUERIES_AT_ONCE)
-        with tempfile.TemporaryDirectory() as lake_dir:
-            built = gpu_tables.gpu_samples(Lake(lake_dir), client, load_catalog(), _settings(), day_hours())
+        built = asset_day(client)
         points = sum(t.num_rows for t in built.partitions.values())
         extra["checks_passed"] = all(c.passed for c in built.checks)
     seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
@@ -195,9 +202,6 @@ def _process_cpu_s(pid: int) -> float:
 
 def record_requests(url: str, out: Path) -> int:
     """Run ours once, writing every request it sends (path, form parameters) to `out`, in the order sent."""
-    import foxhunt_obs.lib.tables.gpu as gpu_tables
-    from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
-    from foxhunt_obs.lib.lake import Lake
     from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 
     sent: list = []
@@ -207,8 +211,7 @@ def record_requests(url: str, out: Path) -> int:
             sent.append((path, dict(params)))
             return super()._send(path, params, *args, **kwargs)
 
-    with tempfile.TemporaryDirectory() as lake_dir:
-        gpu_tables.gpu_samples(Lake(lake_dir), Recording(url), load_catalog(), _settings(), day_hours())
+    asset_day(Recording(url))
     out.write_text(json.dumps(sent))
     return len(sent)
 

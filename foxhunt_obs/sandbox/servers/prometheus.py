@@ -88,7 +88,7 @@ def build_tsdb(
 ) -> Path:
     """The scenario's TSDB under ``<cache_root>/<name>-<fingerprint[:12]>/tsdb``, built on first use.
 
-    ``metrics`` limits the metric names written (the benchmark's big cluster needs only one).
+    ``metrics`` limits the metric names written (a benchmark writes only the ones it reads).
     ``records_from``: every series, but the recording rules only from the rule piece (RULE_CHUNK_S)
     holding that time and no cost rules: what the demo reads (its jobs read the raw series, its alert
     replay the records over its last 42 hours; nothing it runs reads the cost records), a fraction of a
