@@ -1,20 +1,25 @@
 """Benchmark: the whole weekly cost report over a synthetic lake of N GPUs x 7 days at 15 s, in one run.
 
 The lake is written straight to Parquet (no Prometheus, no AWS) with the project's schemas, once per size,
-outside the timing: gpu_samples and node_samples (hour partitions; p4de.24xlarge nodes of 8 GPUs; pods hold
-a node or half a node for hours at a time, with unheld gaps and idle stretches), costs_hourly (one CUR line
-per instance-hour at the price table's p4de price, tagged Project/Environment, plus FSx, EKS and tagged S3
-lines) and costs_daily (the CUR rows summed per resource, as the costs_daily asset does, plus the estimate).
-No MLflow tables: the lake's views are empty, so outcome_per_dollar is empty, as on a cluster without runs.
+outside the timing: gpu_samples (hour partitions, written by the ingest's own write, with each hour's parts
+in the footer; p4de.24xlarge nodes of 8 GPUs; pods hold a node or half a node for hours at a time, with
+unheld gaps and idle stretches) and node_samples, costs_hourly (one CUR line per instance-hour at the price
+table's p4de price, tagged Project/Environment, plus FSx, EKS and tagged S3 lines) and costs_daily (the CUR
+rows summed per resource, as the costs_daily asset does, plus the estimate). The parts' cost to the ingest
+is timed on the first day's hours (lake.ingest_parts_ms_per_hour). No MLflow tables: the lake's views are
+empty, so outcome_per_dollar is empty, as on a cluster without runs.
 
   ours    what the assets do, without Dagster, for a run of the 7 days: gpu_hourly -> cost_allocation ->
           utilization_per_dollar -> outcome_per_dollar (the functions the assets call, lib/tables/daily.py:
           each partition written, each asset's metadata queries and checks run), then weekly_cost_report
           (weekly_report_data + render_weekly_report + Lake.write_files; its matplotlib import counted, as
           the asset imports it lazily)
+  ours_from_samples
+          the same on a lake whose gpu_samples have no parts (written before they existed): gpu_hourly
+          sums the samples themselves
   pandas  the obvious alternative for the biggest stage, gpu_hourly: read the week's gpu_samples with
           pandas.read_parquet (only the columns it needs), groupby GPU-hour with the same outputs, write the
-          same 7 partitions; its output is checked against ours
+          same 7 partitions; its output is checked against ours, and against ours_from_samples
 
 Sizes: 64 and 512 GPUs (ours three times, pandas three times, the median counts) and 4,096 GPUs (ours once,
 no pandas: ~15 GB), which shows whether the time grows linearly. `--sizes 64,512` runs fewer. Each method
@@ -46,6 +51,8 @@ sys.path.insert(0, str(HERE.parent))  # run as a script from anywhere
 RESULTS = HERE / "results"
 SIZES = (64, 512, 4096)
 RUNS = {64: 3, 512: 3, 4096: 1}  # 4,096 GPUs: one run (~2 min), to show the growth is linear
+# ours on a lake without the ingest's parts (gpu_samples written before them): gpu_hourly sums the samples
+FROM_SAMPLES_RUNS = {64: 3, 512: 1, 4096: 0}
 PANDAS_RUNS = {64: 3, 512: 3, 4096: 0}  # pandas at 4,096 GPUs would hold ~15 GB
 PANDAS_TIMEOUT_S = 240  # per run; past it the 512-GPU pandas figure is reported as not measured
 # issue 19: gpu_hourly and the whole report at 64 and 512 GPUs, memory at 512, and growth no worse than
@@ -121,14 +128,19 @@ def open_lake(root: str):
 # ------------------------------------------------------------------------------------------------ the lake
 def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
     """Write the synthetic week (and the day before it is left empty: the lake starts on the Monday)."""
+    import duckdb
     import numpy as np
     import pyarrow as pa
 
     from foxhunt_obs.lib.analysis.cost_estimate import StorageCapacity, estimate_day, node_hours
     from foxhunt_obs.lib.analysis.prices import load_price_table
     from foxhunt_obs.lib.schemas import COSTS_DAILY, COSTS_HOURLY, GPU_SAMPLES, NODE_SAMPLES
+    from foxhunt_obs.lib.tables.gpu_hour_parts import COLUMNS as PART_COLUMNS
+    from foxhunt_obs.lib.tables.gpu_hour_parts import hour_parts, write_gpu_samples
 
     t0 = time.perf_counter()
+    parts_con = duckdb.connect(":memory:")  # one for the build, as the ingest has one for its run
+    parts_s: list[float] = []
     rng = np.random.default_rng(seed)
     lake = open_lake(root)
     prices = load_price_table("us-east-1")
@@ -288,7 +300,13 @@ def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
             },
             schema=GPU_SAMPLES.schema,
         )
-        lake.write_partition(GPU_SAMPLES, GPU_SAMPLES.key(hour), table)
+        # the ingest's write (lib/tables/gpu.py): the samples with their hour's parts in the footer; the
+        # parts alone timed on the first day (what moving gpu_hourly's sums to the ingest costs it)
+        if h < 24:
+            t_parts = time.perf_counter()
+            hour_parts(parts_con, table.select(PART_COLUMNS), np.full(n_rows, int(hour.timestamp()) // 3600))
+            parts_s.append(time.perf_counter() - t_parts)
+        write_gpu_samples(lake, hour, table, parts_con)
         rows += n_rows
 
         busy = util.reshape(nodes_n, GPUS_PER_NODE, -1).mean(axis=1)  # (nodes, steps)
@@ -433,6 +451,7 @@ def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
         )
         lake.write_partition(COSTS_DAILY, key, daily)
 
+    parts_con.close()
     held_frac = float((holder >= 0).mean())
     size = sum(f.stat().st_size for f in Path(root, GPU_SAMPLES.name).rglob("*.parquet"))
     return {
@@ -447,14 +466,21 @@ def build_lake(root: str, gpus: int, seed: int = 7) -> dict:
         "stalled_fraction_of_held": round(float(stall[holder >= 0].mean()), 3),
         "build_seconds": round(time.perf_counter() - t0, 2),
         "build_peak_rss_mb": round(rss_mb()),
+        # the ingest's added work per hour partition: its parts (median of the first day's hours)
+        "ingest_parts_ms_per_hour": round(1000 * statistics.median(parts_s), 2),
     }
 
 
 # ------------------------------------------------------------------------------------------------ ours
-def run_ours(root: str) -> dict:
-    """The five report assets' work for the week, in order, as their code does it (no Dagster)."""
+def run_ours(root: str, from_samples: bool = False) -> dict:
+    """The five report assets' work for the week, in order, as their code does it (no Dagster).
+    from_samples: as on a lake whose gpu_samples have no parts in their footers (written before them)."""
 
     from foxhunt_obs.lib.analysis.prices import load_price_table
+    from foxhunt_obs.lib.tables import gpu_hour_parts
+
+    if from_samples:
+        gpu_hour_parts.FOOTER_KEY = "foxhunt.bench.no_parts"  # no footer has this key: every hour is summed
 
     store = open_lake(root)
     rss_after_imports = rss_mb()
@@ -493,7 +519,10 @@ def run_ours(root: str) -> dict:
         stage_s[st], stage_cpu[st], rss_after[st] = time.perf_counter() - t0, cpu_s() - c0, rss_mb()
         out[st] = {"rows": built.rows}
         if st == "gpu_hourly":
-            out[st] |= {k: built.summary[k] for k in ("gpus", "gpu_hours", "active_gpu_hours", "energy_kwh")}
+            out[st] |= {
+                k: built.summary[k]
+                for k in ("gpus", "gpu_hours", "active_gpu_hours", "energy_kwh", "hours_summed_from_samples")
+            }
         if st == "cost_allocation":
             (check,) = built.checks
             out[st] |= {
@@ -769,6 +798,13 @@ def main(sizes: tuple[int, ...] = SIZES) -> None:
                         break
                     pandas_runs.append(r)
                 check = compare_gpu_hourly(lake_dir, pandas_dir) if pandas_runs else None
+                samples_runs = [
+                    child(["--method", "ours", "--lake", lake_dir, "--from-samples"])
+                    for _ in range(FROM_SAMPLES_RUNS[gpus])
+                ]
+                samples_check = (
+                    compare_gpu_hourly(lake_dir, pandas_dir) if pandas_runs and samples_runs else None
+                )
                 # last: the baseline rewrites the lake's derived tables in its own grain
                 base_runs = [
                     child(["--method", "ours", "--lake", lake_dir], checkout=baseline_dir)
@@ -776,6 +812,14 @@ def main(sizes: tuple[int, ...] = SIZES) -> None:
                 ]
             ours = summarize(ours_runs)
             entry: dict = {"lake": lake_info, "ours": ours}
+            if samples_runs:
+                fs = summarize(samples_runs)
+                entry["ours_from_samples"] = {
+                    k: fs[k]
+                    for k in ("total_s_median", "stages_s_median", "stages_cpu_s_median", "peak_rss_mb")
+                }
+                entry["ours_from_samples"]["gpu_hourly_out"] = fs["out"]["gpu_hourly"]
+                entry["ours_from_samples"]["same_gpu_hourly_as_pandas"] = samples_check
             if base_runs:
                 base = summarize(base_runs)
                 entry["baseline"] = {k: base[k] for k in ("total_s_median", "stages_s_median", "peak_rss_mb")}
@@ -912,6 +956,14 @@ def print_table(result: dict) -> None:
             f"{sizes[g]['ratios']['pandas_over_ours_gpu_hourly_seconds']:.1f}x; same output: "
             f"{p['same_output_as_ours']['equal']}"
         )
+    for g in gs:
+        if "ours_from_samples" in sizes[g]:
+            f = sizes[g]["ours_from_samples"]
+            print(
+                f"without the ingest's parts, {g} GPUs: gpu_hourly {f['stages_s_median']['gpu_hourly']:.2f} s, "
+                f"total {f['total_s_median']:.2f} s; parts cost the ingest "
+                f"{sizes[g]['lake']['ingest_parts_ms_per_hour']:.1f} ms an hour"
+            )
     for name, c in result["target_check"].items():
         if isinstance(c, dict):
             print(f"target {name}: {c['value']} (target {c['target']}): {'ok' if c['ok'] else 'MISSED'}")
@@ -926,12 +978,13 @@ if __name__ == "__main__":
     p.add_argument("--method", choices=["ours", "pandas"])
     p.add_argument("--lake")
     p.add_argument("--out")
+    p.add_argument("--from-samples", action="store_true")
     p.add_argument("--sizes", type=lambda v: tuple(int(x) for x in v.split(",")), default=SIZES)
     a = p.parse_args()
     if a.build:
         print(json.dumps(build_lake(a.build, a.gpus)))
     elif a.method == "ours":
-        print(json.dumps(run_ours(a.lake), default=str))
+        print(json.dumps(run_ours(a.lake, a.from_samples), default=str))
     elif a.method == "pandas":
         print(json.dumps(run_pandas(a.lake, a.out)))
     else:

@@ -7,17 +7,20 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import dagster as dg
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES, NODE_SAMPLES
+from foxhunt_obs.lib.tables.gpu_hour_parts import FOOTER_KEY
+from foxhunt_obs.lib.tables.hourly_rollup import build_gpu_hourly_counted
 from foxhunt_obs.sandbox.story import truth
 from foxhunt_obs.sandbox.writers import bills, openmetrics
 
@@ -300,6 +303,37 @@ def test_gpu_hourly_rolls_up_the_samples(small, ingested):
     last = device.groupby("hour")["energy_mj"].last()  # mJ; the first hour from its first sample
     delta = last.diff().fillna(last.iloc[0] - device["energy_mj"].iloc[0])
     np.testing.assert_allclose(per_hour.to_numpy(), delta.to_numpy() / 3.6e9, rtol=1e-9)
+
+
+def test_the_ingest_keeps_each_hours_parts_and_gpu_hourly_reads_them(small, ingested, tmp_path):
+    """Every hour the ingest wrote has its parts in its footer; gpu_hourly used them (its asset says so), and
+    the same samples without them (an older lake) give the same rows."""
+    keys = ingested.partitions(GPU_SAMPLES)
+    assert len(keys) == small.hours
+    for key in keys:
+        exists, parts = ingested.read_footer(GPU_SAMPLES, key, FOOTER_KEY)
+        assert exists and parts is not None and parts.num_rows > 0, key
+    result = run("gpu_hourly_job", DAY, DAY)
+    assert result.success, _failure(result)
+    (mat,) = [
+        m for m in result.get_asset_materialization_events() if m.asset_key == dg.AssetKey("gpu_hourly")
+    ]
+    assert mat.materialization.metadata["hours_summed_from_samples"].value == 0
+    day = datetime.fromisoformat(DAY).replace(tzinfo=timezone.utc)
+    with_parts, summed = build_gpu_hourly_counted(ingested, [day])
+    assert summed == []
+    old = Lake(str(tmp_path / "old"))
+    for key in keys:  # the rows alone, as a writer before the parts wrote them
+        old.write_partition(GPU_SAMPLES, key, ingested.read_partition(GPU_SAMPLES, key))
+    without, summed = build_gpu_hourly_counted(old, [day])
+    assert len(summed) == small.hours
+    a, b = with_parts[DAY], without[DAY]
+    assert a.num_rows == b.num_rows > 0
+    for c in a.column_names:
+        if pa.types.is_floating(a.schema.field(c).type):
+            np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-12, atol=1e-12, err_msg=c)
+        else:
+            assert a[c].equals(b[c]), c
 
 
 def test_rematerializing_gives_identical_rows(small, ingested):

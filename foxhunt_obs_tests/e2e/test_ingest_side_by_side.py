@@ -73,10 +73,10 @@ class _SlowLake(Lake):
         super().__init__(root)
         self.writes: list[tuple[str, float, float]] = []
 
-    def write_partition(self, spec, value, table):
+    def write_partition(self, spec, value, table, footer=None):
         t0 = time.monotonic()
         time.sleep(self.WRITE_S)
-        out = super().write_partition(spec, value, table)
+        out = super().write_partition(spec, value, table, footer)
         self.writes.append((value, t0, time.monotonic()))
         return out
 

@@ -60,6 +60,39 @@ def test_round_trip_and_layout(lake, tmp_path):
     assert lake.read_partition(SPEC, H2) is None
 
 
+def _footer_round_trip(lake: Lake) -> None:
+    small = pa.table({"k": ["a", "b"], "x": [1.5, None]})
+    assert lake.read_footer(SPEC, H1, "foxhunt.test.small") == (False, None)
+    lake.write_partition(SPEC, H1, _table(5), footer={"foxhunt.test.small": small})
+    assert lake.read_footer(SPEC, H1, "foxhunt.test.small") == (True, small)
+    assert lake.read_footer(SPEC, H1, "foxhunt.test.other") == (True, None)
+    back = lake.read_partition(SPEC, H1)
+    assert back.equals(_table(5)) and back.schema.metadata is None  # the rows as without it
+    with pytest.raises(ValueError, match="footer keys start with 'foxhunt.'"):
+        lake.write_partition(SPEC, H2, _table(1), footer={"other": small})
+    assert lake.query("select sum(v) as s from things", tables=[SPEC]).to_pylist() == [{"s": 10.0}]
+    lake.write_partition(SPEC, H1, _table(3))  # rewritten without: the old footer goes with the old rows
+    assert lake.read_footer(SPEC, H1, "foxhunt.test.small") == (True, None)
+
+
+def test_a_footer_is_written_and_replaced_with_its_rows(lake, tmp_path):
+    _footer_round_trip(lake)
+    lake.write_partition(SPEC, H2, _table(2), footer={"foxhunt.test.small": pa.table({"k": ["c"]})})
+    path = str(tmp_path / "lake" / "things" / f"hour={H2}" / "part-0.parquet")
+    meta = pq.read_metadata(path).metadata
+    assert (
+        b"foxhunt.test.small" in meta
+    )  # in the footer's key-value metadata, as base64 text, not in the Arrow schema
+    meta[b"foxhunt.test.small"].decode("ascii")
+    assert pq.read_schema(path).metadata is None or b"foxhunt.test.small" not in pq.read_schema(path).metadata
+
+
+def test_a_footer_on_s3(s3_lake):
+    lake, s3 = s3_lake
+    s3.create_bucket(Bucket="footers")  # a bucket of its own: test_s3_lake lists "bucket"
+    _footer_round_trip(Lake("s3://footers/lake", endpoint_url=lake.endpoint_url))
+
+
 def test_relative_root_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert Lake("rel/lake").root == str(tmp_path / "rel" / "lake")
@@ -123,18 +156,18 @@ def test_bad_partition_value(lake, value):
         lake.write_partition(SPEC, value, _table(1))
 
 
-@pytest.mark.parametrize("target", ["write_table", "replace"])
+@pytest.mark.parametrize("target", ["write_parquet", "replace"])
 def test_failed_write_keeps_previous_version(lake, monkeypatch, target):
     first = lake.write_partition(SPEC, H1, _table(4))
     before = open(first.path, "rb").read()
 
     def boom(*a, **k):
-        if target == "write_table":  # fail half-way: some bytes are already in the temp file
-            a[1].write(b"PAR1 partial garbage")
+        if target == "write_parquet":  # fail half-way: some bytes are already in the temp file
+            a[0].write(b"PAR1 partial garbage")
         raise OSError("disk on fire")
 
-    if target == "write_table":
-        monkeypatch.setattr(lake_mod.pq, "write_table", boom)
+    if target == "write_parquet":
+        monkeypatch.setattr(lake_mod.pq, "ParquetWriter", boom)
     else:
         monkeypatch.setattr(lake_mod.os, "replace", boom)
     with pytest.raises(LakeError, match="disk on fire") as e:

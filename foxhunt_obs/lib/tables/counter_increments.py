@@ -1,50 +1,30 @@
-"""The counters' increments (energy, ECC) in gpu_samples, summed per GPU-hour and holder, without a sort.
+"""The counters' increments (energy, ECC) in gpu_samples within each unit-hour, without a sort.
 
 A sample's increment is its counter minus the previous sample's of the same unit (uuid, node, gpu,
 gpu_instance): where the counter fell, it was reset, and the new value is the increase since (as
-Prometheus's increase() counts). A sample of day D looks back no further than the hour before D (the
-partition D-1h), so a day's rows never depend on which other days a run computes. A time-sliced GPU has
-one copy of its series per pod at a step: ordered pods first, then by vgpu and pod, the first copy takes
-the increment and the others what their counters moved since it (nothing: the copies read the same
-counters). NULL, NaN or ±Inf on either side is no increment.
+Prometheus's increase() counts). A time-sliced GPU has one copy of its series per pod at a step: ordered
+pods first, then by vgpu and pod, the first copy takes the increment and the others what their counters
+moved since it (nothing: the copies read the same counters). NULL, NaN or ±Inf on either side is no
+increment. Here a unit-hour's first sample gets none: its increment from the hours before comes from the
+parts of those hours (gpu_hour_parts.py), by the same rule.
 
 Why not SQL's lag(): a window sorts every row it carries, and that sort was two thirds of gpu_hourly's
-time (DuckDB 1.5, 64 GPUs: 4.7 s of CPU per week, bench/report.py). Here the hour partitions are read in
-time order with only the columns the increments need, in batches of consecutive partitions; each unit's
-last sample is carried to the next batch, and within a batch a sample's predecessor is found on a steps x
-units grid (no sort: the ingest writes each partition step by step). Only a batch with several copies of
-a unit at one step (time-slicing), or out of step order, is sorted, on integer codes.
+time (DuckDB 1.5, 64 GPUs: 4.7 s of CPU per week, bench/report.py). Here a sample's predecessor is found
+on a steps x units grid (no sort: the ingest writes each partition step by step, and partitions come in
+time order). Only rows with several copies of a unit at one step (time-slicing), or out of step order,
+are sorted, on integer codes.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from foxhunt_obs.lib.lake import Lake, LakeError
-from foxhunt_obs.lib.schemas import GPU_SAMPLES
-
 COUNTERS = ("energy_joules", "ecc_sbe_total", "ecc_dbe_total")
-INCREMENTS = tuple(f"inc_{c}" for c in COUNTERS)  # the columns with_increments adds
-_KEYS = ["ts", "uuid", "node", "gpu", "gpu_instance", "namespace", "pod", "experiment", "vgpu", *COUNTERS]
-HOUR_MS = 3_600_000
-READ_AHEAD = 3  # partitions read while one is worked on
-BATCH_ROWS = 500_000  # samples worked on at once (~100 MB with every column gpu_hourly reads)
-_EPOCH = datetime(1970, 1, 1).date()
-
-
-def hours_to_read(days: Iterable[datetime]) -> list[datetime]:
-    """Each day's hours and the hour before it (its seed), once each, in time order."""
-    hours = set()
-    for day in days:
-        hours.update(day - timedelta(hours=1) + timedelta(hours=h) for h in range(25))
-    return sorted(hours)
+INCREMENTS = tuple(f"inc_{c}" for c in COUNTERS)  # in_hour_increments' columns, in gpu_hour_parts
 
 
 class _Codes:
@@ -98,23 +78,6 @@ def _combine(*codes: _Codes) -> tuple[np.ndarray, np.ndarray]:
     rep = np.zeros(size, np.int64)
     rep[key] = np.arange(len(key))  # any row of a combination stands for it: their values are the same
     return rep, key
-
-
-class _Units:
-    """Codes for the units across a run's partitions, and each unit's last sample so far."""
-
-    def __init__(self):
-        self.code: dict[tuple, int] = {}
-        self.last = np.full((0, len(COUNTERS)), np.nan)
-        self.last_hour = np.zeros(0, np.int64)  # the partition hour (hours since the epoch) it came from
-
-    def units(self, keys: list[tuple]) -> np.ndarray:
-        out = np.array([self.code.setdefault(k, len(self.code)) for k in keys], np.int64)
-        grow = len(self.code) - len(self.last)
-        if grow > 0:
-            self.last = np.vstack([self.last, np.full((grow, len(COUNTERS)), np.nan)])
-            self.last_hour = np.concatenate([self.last_hour, np.full(grow, np.iinfo(np.int64).min)])
-        return out
 
 
 def _predecessors(ts: np.ndarray, unit: np.ndarray, n_units: int, tie: Callable[[], list[np.ndarray]]):
@@ -173,122 +136,33 @@ def _tie_keys(pod: _Codes, vgpu: _Codes) -> list[np.ndarray]:
     return [blank, rank(vgpu), rank(pod)]
 
 
-def with_increments(lake: Lake, days: list[datetime], columns: Iterable[str]) -> Iterator[pa.Table]:
-    """The days' samples (`columns`, in GPU_SAMPLES' types; NULL where a partition predates a column) with
-    INCREMENTS added, in batches of whole hour partitions, in time order."""
-    wanted = np.array(sorted({(d.date() - _EPOCH).days for d in days}))
-    read = list(dict.fromkeys([*_KEYS, *columns]))
-    state, batch = _Units(), []
-
-    def done() -> pa.Table | None:
-        try:
-            return _one_batch(batch, state, wanted, read)
-        except Exception as e:
-            keys = f"{GPU_SAMPLES.key(batch[0][0])}..{GPU_SAMPLES.key(batch[-1][0])}"
-            raise LakeError(
-                f"lake {lake.root}, table {GPU_SAMPLES.name}, partitions hour={keys}: {e!r}"
-            ) from e
-
-    hours = hours_to_read(days)
-    for hour, table in zip(hours, _read_ahead(lambda h: _read(lake, h, read), hours)):
-        if table is not None and table.num_rows:
-            batch.append((hour, table))
-            # partitions in batches (a day of 64 GPUs): the work per call, not per row, was most of it
-            if sum(t.num_rows for _, t in batch) >= BATCH_ROWS:
-                if (out := done()) is not None:
-                    yield out
-                batch.clear()
-    if batch and (out := done()) is not None:
-        yield out
-
-
-def _read(lake: Lake, hour: datetime, columns: list[str]) -> pa.Table | None:
-    """The partition's columns in today's types (labels written as plain strings before they were
-    dictionaries), every row in the partition's hour: a row elsewhere would make a day's increments depend
-    on which days a run reads, so it stops the run, naming the partition."""
-    key = GPU_SAMPLES.key(hour)
-    # decoded on one thread: this runs beside the DuckDB aggregation (hourly_rollup)
-    table = lake.read_partition(GPU_SAMPLES, key, columns, use_threads=False)
-    if table is None:
-        return None
-    table = table.cast(pa.schema([GPU_SAMPLES.schema.field(name) for name in table.column_names]))
-    ts = pc.cast(table.column("ts"), pa.int64())
-    start = int(hour.timestamp()) * 1000
-    outside = pc.sum(pc.invert(pc.and_(pc.greater_equal(ts, start), pc.less(ts, start + HOUR_MS)))).as_py()
-    if table.column("ts").null_count or outside:
-        what = "a NULL ts" if table.column("ts").null_count else f"{outside} samples outside the hour"
-        raise LakeError(f"lake {lake.root}, table {GPU_SAMPLES.name}, partition hour={key}: {what}")
-    return table
-
-
-def _read_ahead(read: Callable, items: list, depth: int = READ_AHEAD):
-    """read(item) for each item in order, the next `depth` read meanwhile (an S3 GET waits on the network;
-    a local read decodes with the GIL released), never more than depth + 1 partitions in memory."""
-    with ThreadPoolExecutor(depth) as pool:
-        pending: deque = deque()
-        for item in items:
-            pending.append(pool.submit(read, item))
-            if len(pending) > depth:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-def _one_batch(
-    batch: list[tuple[datetime, pa.Table]], state: _Units, wanted: np.ndarray, columns: list[str]
-) -> pa.Table | None:
-    """Consecutive partitions' rows of the wanted days with their INCREMENTS; their units' last samples
-    carried in state."""
-    table = pa.concat_tables([t for _, t in batch], promote_options="permissive")
+def in_hour_increments(table: pa.Table, part_hour: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For samples of whole hour partitions (part_hour: each row's, in hours since the epoch): each row's
+    increments within its unit-hour (rows x COUNTERS; 0 for a unit-hour's first row, whose increment from
+    the hours before is added from the parts, lib/tables/gpu_hour_parts.py), and which rows are their
+    unit-hour's first and last."""
     n = table.num_rows
-    for name in columns:  # a column no partition of the batch has yet: NULL, as the lake's views read it
-        if name not in table.column_names:
-            table = table.append_column(
-                GPU_SAMPLES.schema.field(name), pa.nulls(n, GPU_SAMPLES.schema.field(name).type)
-            )
-    # the partition (hours since the epoch) of each row: a predecessor counts from the hour before its day
-    part_hour = np.repeat([int(h.timestamp()) // 3600 for h, _ in batch], [t.num_rows for _, t in batch])
+    if n == 0:
+        return np.zeros((0, len(COUNTERS))), np.zeros(0, bool), np.zeros(0, bool)
 
     def codes(name: str) -> _Codes:
         return _Codes(table.column(name))
 
-    uuid, node, gpu, inst = codes("uuid"), codes("node"), codes("gpu"), codes("gpu_instance")
     ts = pc.cast(table.column("ts"), pa.int64()).to_numpy()
     vals = np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in COUNTERS])
-    # units: codes in this batch (local), and across the batches of the run (glob)
-    rep, local = _combine(uuid, node, gpu, inst)
-    glob = state.units(
-        [(uuid.values[uuid.codes[r]], node.values[node.codes[r]], gpu.values[gpu.codes[r]],
-          inst.values[inst.codes[r]]) for r in rep]
-    )  # fmt: skip
-
-    def tie() -> list[np.ndarray]:
-        return _tie_keys(codes("pod"), codes("vgpu"))
-
-    before, last = _predecessors(ts, local, len(rep), tie)
-    # a predecessor counts from the hour before the row's day on: a day's rows never depend on the run
-    day_no = ts // (24 * HOUR_MS)
-    first_hour = day_no * 24 - 1
-    prev = np.full((n, len(COUNTERS)), np.nan)
-    has = before >= 0
-    has[has] = part_hour[before[has]] >= first_hour[has]
-    prev[has] = vals[before[has]]
-    # a unit's first row here: its last sample in an earlier batch
-    g = glob[local]
-    carried = (before < 0) & (state.last_hour[g] >= first_hour)
-    prev[carried] = state.last[g[carried]]
-    inc = vals - prev
-    inc = np.where(inc < 0, vals, inc)  # it fell: a reset, and the new value is the increase since
+    _, unit = _combine(codes("uuid"), codes("node"), codes("gpu"), codes("gpu_instance"))
+    before, _ = _predecessors(ts, unit, int(unit.max()) + 1, lambda: _tie_keys(codes("pod"), codes("vgpu")))
+    same = before >= 0
+    same[same] = part_hour[before[same]] == part_hour[same]
+    first = ~same
+    last = np.ones(n, bool)
+    last[before[same]] = False
+    inc = np.zeros((n, len(COUNTERS)))
+    rows = np.flatnonzero(same)
+    now, prev = vals[rows], vals[before[rows]]
+    step = now - prev
+    step = np.where(step < 0, now, step)  # it fell: a reset, and the new value is the increase since
     # NULL, NaN or ±Inf on either side: no increment (the window SQL made the hour's sum NaN, or the
     # gpu_hourly row's energy 5e301 from an Inf: a number the cost allocation then used)
-    inc = np.where(np.isfinite(vals) & np.isfinite(prev), inc, 0.0)
-    present = last >= 0
-    state.last[glob[present]] = vals[last[present]]
-    state.last_hour[glob[present]] = part_hour[last[present]]
-
-    for j, name in enumerate(INCREMENTS):
-        table = table.append_column(name, pa.array(inc[:, j]))
-    keep = np.isin(day_no, wanted)  # the seed hours' rows only carried their samples
-    if keep.all():
-        return table
-    return table.filter(pa.array(keep)) if keep.any() else None
+    inc[rows] = np.where(np.isfinite(now) & np.isfinite(prev), step, 0.0)
+    return inc, first, last

@@ -23,6 +23,7 @@ from foxhunt_obs.lib.settings import ClusterSettings
 from foxhunt_obs.lib.side_by_side import one_ahead
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput, md_table
+from foxhunt_obs.lib.tables.gpu_hour_parts import write_gpu_samples
 
 
 class FewerRows(ValueError):
@@ -70,21 +71,22 @@ def gpu_samples(
         )
 
     # the next hour is downloaded while this one is checked and written
-    for hour, table in one_ahead(hours, collect, "gpu_samples-next-hour"):
-        key = GPU_SAMPLES.key(hour)
-        guard_fewer_rows(lake, GPU_SAMPLES, key, table, ["uuid", "gpu_instance"], allow_fewer_rows)
-        lake.write_partition(GPU_SAMPLES, key, table)
-        log.append(("info", f"gpu_samples {key}: {table.num_rows} rows"))
-        for column, gap in missing_core_columns(table, catalog).items():
-            log.append(
-                (
-                    "warning",
-                    f"gpu_samples {key}: {gap['gpus']} of {gap['of']} GPUs have no {column}; "
-                    f"looked for {', '.join(gap['looked_for'])}",
+    with scratch() as con:
+        for hour, table in one_ahead(hours, collect, "gpu_samples-next-hour"):
+            key = GPU_SAMPLES.key(hour)
+            guard_fewer_rows(lake, GPU_SAMPLES, key, table, ["uuid", "gpu_instance"], allow_fewer_rows)
+            write_gpu_samples(lake, hour, table, con)  # with the parts gpu_hourly reads
+            log.append(("info", f"gpu_samples {key}: {table.num_rows} rows"))
+            for column, gap in missing_core_columns(table, catalog).items():
+                log.append(
+                    (
+                        "warning",
+                        f"gpu_samples {key}: {gap['gpus']} of {gap['of']} GPUs have no {column}; "
+                        f"looked for {', '.join(gap['looked_for'])}",
+                    )
                 )
-            )
-            missing.setdefault(column, {**gap, "partitions": []})["partitions"].append(key)
-        tables[key] = table
+                missing.setdefault(column, {**gap, "partitions": []})["partitions"].append(key)
+            tables[key] = table
     summary = {**_gpu_summary(tables, lake.root), "missing_core_columns": missing}
     core = Check(
         "core_columns_reported",

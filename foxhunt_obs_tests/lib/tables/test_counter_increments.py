@@ -1,9 +1,12 @@
-"""The counters' increments without a sort (lib/tables/counter_increments.py) against their definition: SQL's
+"""The counters' increments without a sort (lib/tables/counter_increments.py), within each hour and from
+the hour before through the hours' parts (lib/tables/gpu_hour_parts.py), against their definition: SQL's
 lag() over each unit's samples in time order, seeded with the hour before the day, day by day (the query
 gpu_hourly ran before). The samples are made to hit every path: a time-sliced GPU whose copies read
 different counters, MIG slices, resets, NULLs, gaps before midnight of under and over an hour, rows out of
 step order, a partition written before the vgpu and gpu_instance columns existed, one written before the
-labels were dictionaries, and row groups with dictionaries of their own."""
+labels were dictionaries, and row groups with dictionaries of their own. Each test runs on two lakes of
+the same samples: one written as the ingest writes (the parts in each file's footer, but for the two old
+partitions) and one without parts (computed from the samples when read)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake, LakeError
 from foxhunt_obs.lib.names import UNATTRIBUTED
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES
-from foxhunt_obs.lib.tables.counter_increments import with_increments
+from foxhunt_obs.lib.tables.gpu_hour_parts import hours_to_read, per_hour, read_parts, write_gpu_samples
 from foxhunt_obs.lib.tables.hourly_rollup import build_gpu_hourly
 
 DAY0 = datetime(2026, 11, 16, tzinfo=timezone.utc)
@@ -42,12 +45,11 @@ SELECT epoch_ms(ts) // 3600000 AS hour_no, node, gpu, uuid, gpu_instance, coales
   coalesce(sum(CASE WHEN d_d < 0 THEN ecc_dbe_total ELSE d_d END), 0) AS d
 FROM s WHERE ts >= $start AND ts < $stop GROUP BY ALL
 """
-# ours: with_increments' per-sample increments, summed as gpu_hourly's rows are grouped
+# ours: the rows gpu_hourly's per-hour step gives (the parts with the increments from the hour before)
 OURS = """
-SELECT epoch_ms(ts) // 3600000 AS hour_no, node, gpu, uuid, gpu_instance, coalesce(namespace, '') AS namespace,
-  coalesce(pod, '') AS pod, CASE WHEN coalesce(pod, '') = '' THEN $u ELSE experiment END AS experiment,
-  sum(inc_energy_joules) AS e, sum(inc_ecc_sbe_total) AS s, sum(inc_ecc_dbe_total) AS d
-FROM s GROUP BY ALL
+SELECT hour_no, node, gpu, uuid, gpu_instance, namespace, pod, experiment,
+  energy_part_kwh * 3600000.0 AS e, ecc_sbe_delta AS s, ecc_dbe_delta AS d
+FROM p
 """
 KEYS = ["hour_no", "node", "gpu", "uuid", "gpu_instance", "namespace", "pod", "experiment"]
 
@@ -103,7 +105,7 @@ def _hour_rows(rng, hour: datetime, counters: dict) -> list[dict]:
     return rows
 
 
-def _write(lake: Lake, rng) -> None:
+def _write(lake: Lake, rng, with_parts: bool) -> None:
     counters: dict = {}
     for h in range(-2, 24 * len(DAYS) + 1):
         hour = DAY0 + timedelta(hours=h)
@@ -123,15 +125,22 @@ def _write(lake: Lake, rng) -> None:
             os.makedirs(path.rpartition("/")[0])
             pq.write_table(old, path)
             continue
-        lake.write_partition(GPU_SAMPLES, key, table)
+        if with_parts:
+            write_gpu_samples(lake, hour, table)
+        else:
+            lake.write_partition(GPU_SAMPLES, key, table)
 
 
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory):
+OLD_HOURS = [DAY0 + timedelta(hours=30), DAY0 + timedelta(hours=40)]  # written without parts in both
+
+
+@pytest.fixture(scope="module", params=["with_parts", "without_parts"])
+def lake(request, tmp_path_factory):
     lake = Lake(str(tmp_path_factory.mktemp("inc") / "lake"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lake_module, "ROW_GROUP_SIZE", 97)  # many row groups, each with its own dictionaries
-        _write(lake, np.random.default_rng(11))
+        _write(lake, np.random.default_rng(11), request.param == "with_parts")
+    lake.with_parts = request.param == "with_parts"
     return lake
 
 
@@ -153,8 +162,12 @@ def _oracle(lake: Lake, days) -> pa.Table:
 
 
 def _ours(lake: Lake, days) -> pa.Table:
-    with scratch(s=pa.concat_tables(with_increments(lake, days, []))) as con:
-        return con.execute(OURS, {"u": UNATTRIBUTED}).to_arrow_table()
+    hours = hours_to_read(days)
+    parts, computed = read_parts(lake, hours)
+    # the parts came from the footers, but for the partitions written without them
+    assert computed == ([h for h in hours if h in OLD_HOURS] if lake.with_parts else hours)
+    with scratch(p=per_hour(pa.concat_tables(parts), days)) as con:
+        return con.execute(OURS).to_arrow_table()
 
 
 def test_increments_equal_the_lag_window_day_by_day(lake):

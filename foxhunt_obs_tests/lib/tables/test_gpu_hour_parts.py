@@ -1,0 +1,91 @@
+"""The hours' parts in gpu_samples' footers (lib/tables/gpu_hour_parts.py): gpu_hourly reads them where the
+ingest wrote them, and never a part that disagrees with its partition's rows. (Their sums against the
+samples' definition: test_counter_increments.py, on lakes with and without them.)"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pytest
+
+from foxhunt_obs.lib.lake import Lake, LakeError
+from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES
+from foxhunt_obs.lib.tables import gpu_hour_parts
+from foxhunt_obs.lib.tables.gpu_hour_parts import FOOTER_KEY, write_gpu_samples
+from foxhunt_obs.lib.tables.hourly_rollup import build_gpu_hourly_counted
+
+DAY = datetime(2026, 11, 16, tzinfo=timezone.utc)
+HOURS = [DAY + timedelta(hours=h) for h in range(3)]
+
+
+def _hour(hour: datetime, util: float, kj_per_step: float = 1.0, steps: int = 60) -> pa.Table:
+    rows = [
+        dict(ts=hour + timedelta(minutes=i), node="n1", gpu=0, uuid="GPU-x", model="A100", namespace="rl",
+             pod="ppo-1", experiment="ppo", util=util, power_watts=300.0, step_seconds=60.0,
+             energy_joules=1000.0 * kj_per_step * (i + 60 * hour.hour), ecc_sbe_total=0.0, ecc_dbe_total=0.0)
+        for i in range(steps)
+    ]  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=GPU_SAMPLES.schema)
+
+
+def _rows(lake: Lake) -> tuple[list[dict], list[datetime]]:
+    out, computed = build_gpu_hourly_counted(lake, [DAY])
+    return out[GPU_HOURLY.key(DAY)].to_pylist(), computed
+
+
+def test_gpu_hourly_reads_the_ingests_parts_and_a_rewrite_replaces_them(tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    for h in HOURS:
+        write_gpu_samples(lake, h, _hour(h, 0.5))
+    rows, computed = _rows(lake)
+    assert computed == [] and [r["util_mean"] for r in rows] == [0.5] * 3
+    # the energy counter climbs 1 kJ a step: 59 steps within the hour, and the step from the hour before
+    assert [r["energy_kwh"] * 3600 for r in rows] == pytest.approx([59.0, 60.0, 60.0])
+
+    write_gpu_samples(lake, HOURS[1], _hour(HOURS[1], 0.9, kj_per_step=2.0))  # with its own parts
+    rows, computed = _rows(lake)
+    assert computed == [] and [r["util_mean"] for r in rows] == pytest.approx([0.5, 0.9, 0.5])
+    # 01:00 reads 120 kJ (61 after 00:59's 59 kJ), then climbs 2 kJ a step to 238 kJ; 02:00's first
+    # reading (120 kJ) is below 01:59's: a reset, counted as 120 kJ, as the samples would count it
+    assert [r["energy_kwh"] * 3600 for r in rows] == pytest.approx([59.0, 61.0 + 118.0, 120.0 + 59.0])
+
+    lake.write_partition(GPU_SAMPLES, GPU_SAMPLES.key(HOURS[2]), _hour(HOURS[2], 0.1))  # another writer: none
+    rows, computed = _rows(lake)
+    assert computed == [HOURS[2]] and [r["util_mean"] for r in rows] == pytest.approx([0.5, 0.9, 0.1])
+
+
+def test_parts_of_another_version_are_computed_again_from_the_samples(tmp_path, monkeypatch):
+    lake = Lake(str(tmp_path / "lake"))
+    for h in HOURS:
+        write_gpu_samples(lake, h, _hour(h, 0.5))
+    want, _ = _rows(lake)
+    parts = lake.read_footer(GPU_SAMPLES, GPU_SAMPLES.key(HOURS[0]), FOOTER_KEY)[1]
+    # a writer whose parts lack a column: its footer is not read as today's parts
+    stale = parts.drop_columns(["util_p95"])
+    lake.write_partition(
+        GPU_SAMPLES, GPU_SAMPLES.key(HOURS[0]), _hour(HOURS[0], 0.5), footer={FOOTER_KEY: stale}
+    )
+    got, computed = _rows(lake)
+    assert computed == [HOURS[0]] and got == want
+
+
+def test_a_sample_outside_the_hour_is_refused_naming_the_partition_and_nothing_is_written(tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    late = _hour(HOURS[0], 0.5, steps=61)  # 01:00 in 00:00's partition
+    with pytest.raises(LakeError, match=r"partition hour=2026-11-16T00: 1 samples outside the hour"):
+        write_gpu_samples(lake, HOURS[0], late)
+    assert lake.partitions(GPU_SAMPLES) == []
+
+
+def test_parts_computed_in_batches_equal_those_written_hour_by_hour(tmp_path, monkeypatch):
+    """Old partitions' parts are computed several partitions at a time: each hour's are those the ingest
+    writes for it alone."""
+    lake = Lake(str(tmp_path / "lake"))
+    for i, h in enumerate(HOURS):
+        lake.write_partition(GPU_SAMPLES, GPU_SAMPLES.key(h), _hour(h, 0.2 * (i + 1), kj_per_step=i + 1))
+    monkeypatch.setattr(gpu_hour_parts, "BATCH_ROWS", 100)  # two batches: 00-01, 02
+    computed = dict(gpu_hour_parts._computed_parts(lake, HOURS))
+    for h in HOURS:
+        write_gpu_samples(lake, h, lake.read_partition(GPU_SAMPLES, GPU_SAMPLES.key(h)))
+        assert computed[h].equals(lake.read_footer(GPU_SAMPLES, GPU_SAMPLES.key(h), FOOTER_KEY)[1])
