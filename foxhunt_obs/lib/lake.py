@@ -125,8 +125,8 @@ class Lake:
         return cls(f"lake {self.root}, table {spec.name}, partition {spec.partition}={value!s}: {msg}")
 
     # -- writes ---------------------------------------------------------------------------------------
-    def _conform(self, spec: TableSpec, value: str, table: pa.Table) -> pa.Table:
-        """Check ``table`` against the spec; return it in spec column order and types."""
+    def conform(self, spec: TableSpec, value: str, table: pa.Table) -> pa.Table:
+        """Check ``table`` against the spec; return it in spec column order and types (as written)."""
         names = list(table.column_names)
         if spec.partition in names and spec.partition not in spec.schema.names:
             # Tolerate the partition column (e.g. read back from a view) when it matches the path.
@@ -181,7 +181,7 @@ class Lake:
         derived from its rows, kept in the file's footer under their keys (FOOTER_PREFIX...; read_footer):
         written with the rows, they are replaced with them and never disagree with them."""
         part_dir = self._part_dir(spec, value)
-        data = self._conform(spec, value, table)
+        data = self.conform(spec, value, table)
         if bad := [k for k in footer or {} if not k.startswith(FOOTER_PREFIX.decode())]:
             raise ValueError(f"footer keys start with {FOOTER_PREFIX.decode()!r}: {bad}")
         final = f"{part_dir}/{FILE_NAME}"

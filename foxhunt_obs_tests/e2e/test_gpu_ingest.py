@@ -339,10 +339,12 @@ def test_the_ingest_keeps_each_hours_parts_and_gpu_hourly_reads_them(small, inge
 def test_rematerializing_gives_identical_rows(small, ingested):
     key = f"{DAY}T02"
     before = ingested.read_partition(GPU_SAMPLES, key)
+    parts_before = ingested.read_footer(GPU_SAMPLES, key, FOOTER_KEY)
     nodes_before = ingested.read_partition(NODE_SAMPLES, key)
     result = run("gpu_ingest_job", hour(small, 2), hour(small, 2))
     assert result.success, _failure(result)
     assert ingested.read_partition(GPU_SAMPLES, key).equals(before)
+    assert ingested.read_footer(GPU_SAMPLES, key, FOOTER_KEY) == parts_before  # the parts too
     assert ingested.read_partition(NODE_SAMPLES, key).equals(nodes_before)
 
 

@@ -12,18 +12,22 @@ pod) takes that increment, as within the hour.
 
 The parts are written in the same file as the samples they sum (write_gpu_samples), so they are replaced
 with them and never disagree with them. A partition without them (written before they existed, or by
-another writer) has them computed from its samples when gpu_hourly reads it, in batches of partitions.
-FOOTER_KEY names what a part row holds: a change to the SQL below needs a new key, so that partitions
-written with the old one are computed again from their samples.
+another writer) has them computed from its samples when gpu_hourly reads it, in batches of partitions;
+so has one whose parts are not of its hour (a file copied under another hour's key: its samples are then
+refused, naming it). FOOTER_KEY carries a fingerprint of the code that sums the parts: parts written by
+other code are not read, but computed again from their samples.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from functools import cache
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -34,9 +38,20 @@ from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake, LakeError, WriteResult
 from foxhunt_obs.lib.names import UNATTRIBUTED
 from foxhunt_obs.lib.schemas import GPU_SAMPLES
+from foxhunt_obs.lib.tables import counter_increments
 from foxhunt_obs.lib.tables.counter_increments import COUNTERS, INCREMENTS, in_hour_increments
 
-FOOTER_KEY = "foxhunt.gpu_hour_parts.v1"
+
+def _fingerprint() -> str:
+    """What a part row depends on: the code that sums it (this module and counter_increments, SQL and
+    all) and the label of what no pod held. Any change gives a new FOOTER_KEY."""
+    digest = hashlib.sha256(UNATTRIBUTED.encode())
+    for module in (__file__, counter_increments.__file__):
+        digest.update(Path(module).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+FOOTER_KEY = f"foxhunt.gpu_hour_parts.{_fingerprint()}"
 HOUR_MS = 3_600_000
 READ_AHEAD = 3  # partitions read while one is worked on
 BATCH_ROWS = 500_000  # samples worked on at once (~100 MB with every column the parts read)
@@ -196,14 +211,12 @@ def write_gpu_samples(
     """The ingest's write of an hour partition of gpu_samples (GPU_SAMPLES' columns), with its parts.
     `con`: a scratch connection to sum them in (a new one costs ~10 ms, as much as an hour's sums)."""
     key = GPU_SAMPLES.key(hour)
+    table = lake.conform(GPU_SAMPLES, key, table)  # the parts of the rows as the file will hold them
     if why := outside_the_hour(table, hour):
         raise LakeError(f"lake {lake.root}, table {GPU_SAMPLES.name}, partition hour={key}: {why}")
     part_hour = np.full(table.num_rows, int(hour.timestamp()) // 3600)
-    if con is None:
-        with scratch() as own:
-            parts = hour_parts(own, table.select(COLUMNS), part_hour)
-    else:
-        parts = hour_parts(con, table.select(COLUMNS), part_hour)
+    with nullcontext(con) if con is not None else scratch() as sums:
+        parts = _named(lake, [hour], lambda: hour_parts(sums, table.select(COLUMNS), part_hour))
     return lake.write_partition(GPU_SAMPLES, key, table, footer={FOOTER_KEY: parts})
 
 
@@ -215,12 +228,20 @@ def read_parts(lake: Lake, hours: Sequence[datetime]) -> tuple[list[pa.Table], l
     for hour, (exists, parts) in zip(
         hours, read_ahead(lambda h: lake.read_footer(GPU_SAMPLES, GPU_SAMPLES.key(h), FOOTER_KEY), hours)
     ):
-        if parts is not None and parts.schema.equals(parts_schema()):
+        if parts is not None and _of_hour(parts, hour):
             found[hour] = parts
-        elif exists:
+        elif exists:  # summed from the samples, which are checked to be of the hour
             missing.append(hour)
     found.update(_computed_parts(lake, missing))
     return [found[h] for h in hours if h in found], missing
+
+
+def _of_hour(parts: pa.Table, hour: datetime) -> bool:
+    """Whether footer parts are today's parts of this hour: a file copied under another hour's key keeps
+    the parts of its own (and its rows, which the samples' check then refuses)."""
+    if not parts.schema.equals(parts_schema()):
+        return False
+    return bool(pc.all(pc.equal(parts.column("hour_no"), int(hour.timestamp()) // 3600)).as_py())
 
 
 def _computed_parts(lake: Lake, hours: list[datetime]) -> Iterator[tuple[datetime, pa.Table]]:

@@ -97,6 +97,8 @@ def _hour_rows(rng, hour: datetime, counters: dict) -> list[dict]:
         for vgpu, pod in (("1", "sac-ts"), ("0", "ppo-ts")):
             add(("n1", 1, "GPU-b", None), pod, vgpu=vgpu, step_share=0.5, copy=vgpu)
         add(("n1", 1, "GPU-b", None), "", vgpu="", step_share=0.0, copy="own")
+        # a GPU whose exporter gave no uuid, node or index: NULL keys are a unit too
+        add((None, None, None, None), "ppo-null")
         # MIG: two slices, each its own unit
         for inst in (1, 2):
             add(
@@ -189,6 +191,16 @@ def test_increments_equal_the_lag_window_day_by_day(lake):
            ORDER BY ts) AS fell FROM gpu_samples) WHERE fell AND ts >= $a""", {"a": DAY0}, [GPU_SAMPLES],
     ).column(0)[0].as_py()  # fmt: skip
     assert resets > 20
+
+
+def test_days_apart_in_one_run_equal_the_lag_window(lake):
+    """Days 1 and 3 without day 2: day 3 is seeded by the hour before it, never by day 1's last hour."""
+    days = [DAYS[0], DAYS[2]]
+    want, got = _frame(_oracle(lake, days)), _frame(_ours(lake, days))
+    assert len(got) == len(want) > 24 * 2 * 5
+    for c in ("e", "s", "d"):
+        np.testing.assert_allclose(got[c], want[c], rtol=1e-12, err_msg=c)
+    assert (want.uuid.isna() & (want.pod == "ppo-null")).sum() >= 48  # the NULL-keyed unit, every hour
 
 
 def test_a_day_does_not_depend_on_the_others_in_the_run(lake):

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from foxhunt_obs.lib.lake import Lake, LakeError
+from foxhunt_obs.lib.lake import Lake, LakeError, SchemaMismatch
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES
 from foxhunt_obs.lib.tables import gpu_hour_parts
 from foxhunt_obs.lib.tables.gpu_hour_parts import FOOTER_KEY, write_gpu_samples
@@ -68,6 +68,50 @@ def test_parts_of_another_version_are_computed_again_from_the_samples(tmp_path, 
     )
     got, computed = _rows(lake)
     assert computed == [HOURS[0]] and got == want
+
+
+def test_parts_under_an_older_key_are_not_read(tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    for h in HOURS:
+        write_gpu_samples(lake, h, _hour(h, 0.5))
+    want, _ = _rows(lake)
+    parts = lake.read_footer(GPU_SAMPLES, GPU_SAMPLES.key(HOURS[0]), FOOTER_KEY)[1]
+    assert FOOTER_KEY.startswith("foxhunt.gpu_hour_parts.") and FOOTER_KEY != "foxhunt.gpu_hour_parts.v1"
+    key = GPU_SAMPLES.key(HOURS[0])
+    lake.write_partition(GPU_SAMPLES, key, _hour(HOURS[0], 0.5), footer={"foxhunt.gpu_hour_parts.v1": parts})
+    got, computed = _rows(lake)
+    assert computed == [HOURS[0]] and got == want
+
+
+def test_a_file_copied_under_another_hours_key_is_refused_not_counted_twice(tmp_path):
+    """Its footer holds the parts of the hour it was written for: not read as this hour's; its samples
+    are then summed, and refused, naming the partition."""
+    lake = Lake(str(tmp_path / "lake"))
+    for h in HOURS:
+        write_gpu_samples(lake, h, _hour(h, 0.5))
+    src = tmp_path / "lake" / GPU_SAMPLES.name / f"hour={GPU_SAMPLES.key(HOURS[1])}" / "part-0.parquet"
+    dst = tmp_path / "lake" / GPU_SAMPLES.name / "hour=2026-11-16T05" / "part-0.parquet"
+    dst.parent.mkdir()
+    dst.write_bytes(src.read_bytes())
+    with pytest.raises(LakeError, match=r"partition hour=2026-11-16T05: 60 samples outside the hour"):
+        build_gpu_hourly_counted(lake, [DAY])
+
+
+def test_the_parts_are_of_the_rows_as_written(tmp_path):
+    """The ingest's table in other types than the file's (gpu as int64) gives the parts of the conformed
+    rows, which gpu_hourly reads; a table the lake refuses is refused naming the partition."""
+    lake = Lake(str(tmp_path / "lake"))
+    for h in HOURS:
+        t = _hour(h, 0.5)
+        write_gpu_samples(
+            lake,
+            h,
+            t.set_column(t.schema.get_field_index("gpu"), "gpu", pa.array([0] * t.num_rows, pa.int64())),
+        )
+    _, computed = _rows(lake)
+    assert computed == []
+    with pytest.raises(SchemaMismatch, match=r"partition hour=2026-11-16T00: missing columns \['vgpu'\]"):
+        write_gpu_samples(lake, HOURS[0], _hour(HOURS[0], 0.5).drop_columns(["vgpu"]))
 
 
 def test_a_sample_outside_the_hour_is_refused_naming_the_partition_and_nothing_is_written(tmp_path):
