@@ -101,7 +101,7 @@ def gpu_hourly(lake: Lake, days: Sequence[datetime]) -> Built:
             "unknown_activity_gpu_hours": round(float(t.unknown), 3),
             "mig_slices": int(t.slices),
             # gpu_samples hours without the ingest's parts in their footer (written before they existed, or
-            # by another writer): summed from their samples, some 5x slower (bench/report.py)
+            # by another writer): summed from their samples, 3-10x slower (bench/report.py)
             "hours_summed_from_samples": len(from_samples),
             "by_experiment": md_table(per_exp, empty="empty", floatfmt=None),
         },

@@ -1,6 +1,6 @@
 """The Prometheus ingest tables, one function each: gpu_samples (with its four checks) and node_samples.
 Each hour of `hours` is collected, guarded against replacing good rows with fewer, and written; gpu_samples
-downloads the next hour meanwhile."""
+downloads the next hour meanwhile, and writes each hour with its parts of gpu_hourly (gpu_hour_parts.py)."""
 
 from __future__ import annotations
 

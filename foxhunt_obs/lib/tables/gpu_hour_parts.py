@@ -222,7 +222,7 @@ def write_gpu_samples(
 
 def read_parts(lake: Lake, hours: Sequence[datetime]) -> tuple[list[pa.Table], list[datetime]]:
     """The parts of each of `hours` that has a partition (in time order), and the hours whose parts were
-    computed from their samples (no footer, or an older one)."""
+    computed from their samples (no parts in the footer, parts of other code, or of another hour)."""
     found: dict[datetime, pa.Table] = {}
     missing = []
     for hour, (exists, parts) in zip(
@@ -245,8 +245,9 @@ def _of_hour(parts: pa.Table, hour: datetime) -> bool:
 
 
 def _computed_parts(lake: Lake, hours: list[datetime]) -> Iterator[tuple[datetime, pa.Table]]:
-    """(hour, parts) from the partitions' samples, in batches of consecutive partitions (the work per call,
-    not per row, was most of it); numpy adds the increments to a batch while DuckDB sums the one before."""
+    """(hour, parts) from the partitions' samples (hours in time order), in batches of partitions (the work
+    per call, not per row, was most of it); numpy adds the increments to a batch while DuckDB sums the one
+    before."""
     with scratch() as con, ThreadPoolExecutor(1) as pool:
         # `con` is the worker's until the last batch is summed; DuckDB releases the GIL meanwhile
         pending: deque = deque()
@@ -277,7 +278,7 @@ def _named(lake: Lake, hours: list[datetime], work: Callable):
 
 
 def _batches(lake: Lake, hours: list[datetime]) -> Iterator[tuple[list[datetime], pa.Table]]:
-    """Consecutive partitions' samples with their increments, about BATCH_ROWS at a time."""
+    """The partitions' samples with their increments (each within its hour), about BATCH_ROWS at a time."""
     batch: list[tuple[datetime, pa.Table]] = []
 
     def done() -> tuple[list[datetime], pa.Table]:
