@@ -70,19 +70,19 @@ def _compact(key: np.ndarray, size: int) -> tuple[np.ndarray, int]:
     return inverse.astype(np.int64), len(uniq)
 
 
-def _combine(*codes: _Codes) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct combinations of the columns' codes present: (a row of each, each row's combination)."""
+def _combine(*codes: _Codes) -> tuple[np.ndarray, int]:
+    """Each row's combination of the columns' codes, numbered 0..m-1 over those present, and m."""
     key, size = _compact(codes[0].codes, len(codes[0]))
     for c in codes[1:]:
         key, size = _compact(key * len(c) + c.codes, size * len(c))
-    rep = np.zeros(size, np.int64)
-    rep[key] = np.arange(len(key))  # any row of a combination stands for it: their values are the same
-    return rep, key
+    return key, size
 
 
-def _predecessors(ts: np.ndarray, unit: np.ndarray, n_units: int, tie: Callable[[], list[np.ndarray]]):
-    """Each row's previous row of its unit in this batch (-1: none), and each unit's last row
-    (-1: absent). Rows in step order, one per unit and step, use the grid; others are sorted."""
+def _predecessors(
+    ts: np.ndarray, unit: np.ndarray, n_units: int, tie: Callable[[], list[np.ndarray]]
+) -> np.ndarray:
+    """Each row's previous row of its unit in this batch (-1: none). Rows in step order, one per unit
+    and step, use the grid; others are sorted."""
     n = len(ts)
     on_grid = bool(np.all(ts[1:] >= ts[:-1]))
     if on_grid:
@@ -106,8 +106,7 @@ def _predecessors(ts: np.ndarray, unit: np.ndarray, n_units: int, tie: Callable[
         prev_step = seen[step_no[later] - 1, unit[later]]
         rows = np.flatnonzero(later)[prev_step >= 0]
         before[rows] = grid[prev_step[prev_step >= 0], unit[rows]]
-        last = np.where(seen[-1] >= 0, grid[np.maximum(seen[-1], 0), np.arange(n_units)], -1)
-        return before, last
+        return before
     # several copies of a unit at one step (time-slicing), or rows out of step order: sort them
     order = np.lexsort((*tie()[::-1], ts, unit))
     sorted_unit = unit[order]
@@ -115,11 +114,7 @@ def _predecessors(ts: np.ndarray, unit: np.ndarray, n_units: int, tie: Callable[
     first[1:] = sorted_unit[1:] != sorted_unit[:-1]
     before = np.full(n, -1, np.int64)
     before[order[~first]] = order[np.flatnonzero(~first) - 1]
-    is_last = np.ones(n, bool)
-    is_last[:-1] = first[1:]
-    last = np.full(n_units, -1, np.int64)
-    last[sorted_unit[is_last]] = order[is_last]
-    return before, last
+    return before
 
 
 def _tie_keys(pod: _Codes, vgpu: _Codes) -> list[np.ndarray]:
@@ -150,8 +145,8 @@ def in_hour_increments(table: pa.Table, part_hour: np.ndarray) -> tuple[np.ndarr
 
     ts = pc.cast(table.column("ts"), pa.int64()).to_numpy()
     vals = np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in COUNTERS])
-    _, unit = _combine(codes("uuid"), codes("node"), codes("gpu"), codes("gpu_instance"))
-    before, _ = _predecessors(ts, unit, int(unit.max()) + 1, lambda: _tie_keys(codes("pod"), codes("vgpu")))
+    unit, n_units = _combine(codes("uuid"), codes("node"), codes("gpu"), codes("gpu_instance"))
+    before = _predecessors(ts, unit, n_units, lambda: _tie_keys(codes("pod"), codes("vgpu")))
     same = before >= 0
     same[same] = part_hour[before[same]] == part_hour[same]
     first = ~same
