@@ -9,9 +9,9 @@ from functools import cache
 from pathlib import Path
 
 import dagster as dg
-import yaml
 
 from foxhunt_obs.lib.alerts.rules import parse_duration
+from foxhunt_obs.lib.yaml_text import load_yaml
 
 FRESHNESS_FILE = Path(__file__).resolve().parent / "data" / "freshness.yaml"
 
@@ -19,7 +19,7 @@ FRESHNESS_FILE = Path(__file__).resolve().parent / "data" / "freshness.yaml"
 @cache
 def windows() -> dict:
     """{"groups": {group: (warn, fail)}, "assets": {key: (warn, fail)}} as timedeltas."""
-    raw = yaml.safe_load(FRESHNESS_FILE.read_text())
+    raw = load_yaml(FRESHNESS_FILE.read_text())
 
     def pair(entry: dict, where: str) -> tuple[timedelta, timedelta]:
         warn, fail = (timedelta(seconds=parse_duration(entry[k])) for k in ("warn", "fail"))

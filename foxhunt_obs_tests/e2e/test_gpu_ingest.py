@@ -14,7 +14,6 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 
 from foxhunt_obs.definitions import defs
@@ -330,11 +329,8 @@ def test_the_ingest_keeps_each_hours_parts_and_gpu_hourly_reads_them(small, inge
     assert len(summed) == small.hours
     a, b = with_parts[DAY], without[DAY]
     assert a.num_rows == b.num_rows > 0
-    for c in a.column_names:
-        if pa.types.is_floating(a.schema.field(c).type):
-            np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-12, atol=1e-12, err_msg=c)
-        else:
-            assert a[c].equals(b[c]), c
+    for c in a.column_names:  # to the last bit: the same sums in the same order either way
+        assert a[c].equals(b[c]), c
 
 
 def test_rematerializing_gives_identical_rows(small, ingested):

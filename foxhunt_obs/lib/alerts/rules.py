@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from foxhunt_obs.lib.yaml_text import load_yaml
+
 SEVERITIES = ("critical", "warning", "info")
 SOURCES = ("prometheus", "mlflow", "cloudwatch", "lake", "ec2")
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "alert_rules.yaml"
@@ -263,7 +265,7 @@ def _read_yaml(path: Path) -> Any:
     except OSError as e:
         raise RuleCatalogError(f"{path}: cannot read the alert rules: {e}") from e
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as e:
         raise RuleCatalogError(f"{path}: not valid YAML: {e}") from e
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from foxhunt_obs.lib.settings import default
+from foxhunt_obs.lib.yaml_text import load_yaml
 
 PRICES_FILE = Path(__file__).resolve().parents[2] / "data" / "prices.yaml"
 UNITS = ("hour", "GB-month")
@@ -80,7 +81,7 @@ def load_price_table(
 ) -> PriceTable:
     path = Path(path) if path else PRICES_FILE
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise PriceError(f"price table {path}: cannot read: {e}") from e
     rows = raw.get("prices") if isinstance(raw, dict) else None

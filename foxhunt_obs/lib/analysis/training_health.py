@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import yaml
 
 from foxhunt_obs.lib.schemas import TRAINING_HEALTH
+from foxhunt_obs.lib.yaml_text import load_yaml
 
 THRESHOLDS_PATH = Path(__file__).resolve().parents[2] / "data" / "training_health.yaml"
 
@@ -39,7 +39,7 @@ def mlflow_key(name: str) -> str:
 
 @cache
 def load_thresholds(path: str = str(THRESHOLDS_PATH)) -> Thresholds:
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = load_yaml(Path(path).read_text())
     return Thresholds(
         stall_minutes=float(raw["stall_minutes"]),
         window_points=int(raw["window_points"]),

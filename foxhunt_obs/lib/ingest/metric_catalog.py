@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from foxhunt_obs.lib.yaml_text import load_yaml
+
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "metric_catalog.yaml"
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 # a metric name, optionally with a label matcher: foxhunt_gpu_ecc_errors_total{error="corrected"}
@@ -80,7 +82,7 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
 @cache
 def _load(path: str) -> Catalog:
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = load_yaml(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:
         raise CatalogError(f"metric catalog {path}: {e}") from e
     try:

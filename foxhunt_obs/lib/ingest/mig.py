@@ -10,7 +10,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-import yaml
+from foxhunt_obs.lib.yaml_text import load_yaml
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "mig_profiles.yaml"
 _PROFILE = re.compile(r"^(\d+)g\.")  # "3g.40gb", "1g.10gb+me"
@@ -22,7 +22,7 @@ class MigError(ValueError):
 
 @cache
 def _gpus(path: str) -> tuple[tuple[re.Pattern, int], ...]:
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = load_yaml(Path(path).read_text())
     return tuple((re.compile(g["model"]), int(g["compute_slices"])) for g in raw["gpus"])
 
 

@@ -23,6 +23,7 @@ from foxhunt_obs.lib.ingest.metric_catalog import Catalog, CatalogError, kube_la
 from foxhunt_obs.lib.names import UNATTRIBUTED
 from foxhunt_obs.lib.schemas import RAY_SAMPLES
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
+from foxhunt_obs.lib.yaml_text import load_yaml
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "ray_metrics.yaml"
 _SELECTOR = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*(=|!=|=~|!~)"[^"]*",?)*\})?$')
@@ -85,7 +86,7 @@ def load_ray_catalog(path: str | Path | None = None) -> RayCatalog:
 @cache
 def _load(path: str) -> RayCatalog:
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = load_yaml(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:
         raise RayCatalogError(f"Ray catalog {path}: {e}") from e
     try:

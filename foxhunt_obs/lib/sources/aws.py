@@ -15,9 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from foxhunt_obs.lib import tracing
+from foxhunt_obs.lib.yaml_text import load_yaml
 
 RETRY_MODES = ("standard", "adaptive")
 
@@ -139,7 +138,7 @@ _SERVICES_FILE = Path(__file__).resolve().parents[2] / "data" / "aws_services.ya
 
 @lru_cache(maxsize=1)
 def _ce_names() -> dict[str, str]:
-    raw = yaml.safe_load(_SERVICES_FILE.read_text())["services"]
+    raw = load_yaml(_SERVICES_FILE.read_text())["services"]
     return {name: code for code, names in raw.items() for name in names}
 
 

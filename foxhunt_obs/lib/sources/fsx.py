@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import yaml
 from botocore.exceptions import BotoCoreError, ClientError
 
 from foxhunt_obs.lib.schemas import FSX_METRICS
+from foxhunt_obs.lib.yaml_text import load_yaml
 
 MAX_QUERIES = 500  # GetMetricData's limit of MetricDataQueries per call
 MAX_IDS = 50  # DescribeFileSystems' limit of FileSystemIds per call
@@ -64,7 +64,7 @@ class FsxSourceError(RuntimeError):
 
 @lru_cache(maxsize=4)
 def load_metric_list(path: Path = _METRICS_FILE) -> FsxMetricList:
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = load_yaml(Path(path).read_text())
     metrics = []
     for m in raw["metrics"]:
         per_second = bool(m.get("per_second", False))

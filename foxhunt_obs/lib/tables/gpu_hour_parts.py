@@ -123,47 +123,6 @@ ORDER BY hour_no, node, gpu, uuid, gpu_instance, namespace, pod, experiment
 """
 
 
-def _increment(now: str, before: str) -> str:
-    """SQL: the increment from reading `before` to `now`, as in_hour_increments counts it."""
-    return (
-        f"CASE WHEN NOT coalesce(isfinite({now}) AND isfinite({before}), false) THEN 0.0 "
-        f"WHEN {now} - {before} < 0 THEN {now} ELSE {now} - {before} END"
-    )
-
-
-_UNIT = ["node", "gpu", "uuid", "gpu_instance"]
-_PER_HOUR = f"""
-WITH unit_hour AS (
-  SELECT hour_no, {", ".join(_UNIT)},
-    {", ".join(f"any_value(first_{c}) FILTER (WHERE takes_first) AS first_{c}" for c in COUNTERS)},
-    {", ".join(f"any_value(last_{c}) FILTER (WHERE holds_last) AS last_{c}" for c in COUNTERS)}
-  FROM parts GROUP BY ALL
-),
-after AS (
-  SELECT hour_no, {", ".join(_UNIT)}, lag(hour_no) OVER w AS hour_before,
-    {", ".join(f"first_{c}, lag(last_{c}) OVER w AS before_{c}" for c in COUNTERS)}
-  FROM unit_hour WINDOW w AS (PARTITION BY {", ".join(_UNIT)} ORDER BY hour_no)
-),
--- the increment from the unit's last reading before the hour, from the hour before the day on
-boundary AS (
-  SELECT hour_no, {", ".join(_UNIT)},
-    {", ".join(f"CASE WHEN hour_before >= hour_no // 24 * 24 - 1 THEN {_increment(f'first_{c}', f'before_{c}')} "
-               f"ELSE 0.0 END AS b_{c}" for c in COUNTERS)}
-  FROM after
-)
-SELECT p.* EXCLUDE ({", ".join([*INCREMENTS, "takes_first", "holds_last",
-                                *(f"{w}_{c}" for w in ("first", "last") for c in COUNTERS)])}),
-  -- the holder whose row has the unit-hour's first reading takes its increment
-  (p.inc_energy_joules + CASE WHEN p.takes_first THEN b.b_energy_joules ELSE 0.0 END) / 3600000.0 AS energy_part_kwh,
-  p.inc_ecc_sbe_total + CASE WHEN p.takes_first THEN b.b_ecc_sbe_total ELSE 0.0 END AS ecc_sbe_delta,
-  p.inc_ecc_dbe_total + CASE WHEN p.takes_first THEN b.b_ecc_dbe_total ELSE 0.0 END AS ecc_dbe_delta
--- (a condition on p alone in ON makes DuckDB's join a nested loop: 0.4 s for a week of 64 GPUs)
-FROM parts p JOIN boundary b
-  ON p.hour_no = b.hour_no AND {" AND ".join(f"p.{c} IS NOT DISTINCT FROM b.{c}" for c in _UNIT)}
-WHERE list_contains($days, p.hour_no // 24)  -- the hours before the days only gave their last readings
-"""  # fmt: skip
-
-
 def hour_parts(con: duckdb.DuckDBPyConnection, samples: pa.Table, part_hour: np.ndarray) -> pa.Table:
     """The part rows of whole hour partitions' samples (COLUMNS; part_hour: each row's partition, in hours
     since the epoch), in time order."""
@@ -333,11 +292,3 @@ def read_ahead(read: Callable, items: list, depth: int = READ_AHEAD):
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
-
-
-def per_hour(parts: pa.Table, days: Sequence[datetime]) -> pa.Table:
-    """gpu_hourly's per-hour rows of `days` from the parts of their hours and the hour before each: the
-    parts' sums with each unit-hour's increment from the hour before."""
-    day_numbers = sorted({int(d.timestamp()) // 86400 for d in days})
-    with scratch(parts=parts) as con:
-        return con.execute(_PER_HOUR, {"days": day_numbers}).to_arrow_table()

@@ -23,8 +23,8 @@ from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.lake import Lake, LakeError
 from foxhunt_obs.lib.names import UNATTRIBUTED
 from foxhunt_obs.lib.schemas import GPU_HOURLY, GPU_SAMPLES
-from foxhunt_obs.lib.tables.gpu_hour_parts import hours_to_read, per_hour, read_parts, write_gpu_samples
-from foxhunt_obs.lib.tables.hourly_rollup import build_gpu_hourly
+from foxhunt_obs.lib.tables.gpu_hour_parts import hours_to_read, read_parts, write_gpu_samples
+from foxhunt_obs.lib.tables.hourly_rollup import build_gpu_hourly, per_hour
 
 DAY0 = datetime(2026, 11, 16, tzinfo=timezone.utc)
 DAYS = [DAY0 + timedelta(days=d) for d in range(3)]
