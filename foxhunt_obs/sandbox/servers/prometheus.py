@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -317,8 +318,24 @@ def inline_records(rules_file: Path) -> dict:
 
 
 def copy_tsdb(src: Path, dst: Path) -> Path:
-    """Copy a TSDB for a server to write into; ``dst`` must not exist."""
-    shutil.copytree(src, dst)
+    """Copy a TSDB for a server to write into; ``dst`` must not exist. A block's files are hard links where
+    the file system allows (a cached history is ~16,000 files: copying them took 1.5-6 s of every demo's
+    start): Prometheus never writes a block's files in place (meta.json and tombstones go to a temporary
+    file it renames; compacted blocks are deleted), so the cache keeps its bytes. Everything else (the
+    head's WAL, which is appended to) is copied."""
+    src = Path(src)
+
+    def link_or_copy(a: str, b: str) -> None:
+        block = src / Path(a).relative_to(src).parts[0]
+        if (block / "meta.json").is_file():
+            try:
+                os.link(a, b)
+                return
+            except OSError:  # another file system, or no hard links there
+                pass
+        shutil.copy2(a, b)
+
+    shutil.copytree(src, dst, copy_function=link_or_copy)
     return Path(dst)
 
 

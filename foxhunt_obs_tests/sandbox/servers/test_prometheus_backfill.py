@@ -3,6 +3,7 @@ the truth sample for sample."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -375,3 +376,33 @@ def test_rule_backfill_in_pieces_records_what_one_run_does(small, tmp_path, monk
     mine = [m for m in progress if "of 6 pieces" in m]
     assert mine and mine[-1] == "  recording rules: 6 of 6 pieces of 3600 s evaluated", progress
     assert all(re.fullmatch(r"  recording rules: [1-6] of 6 pieces of 3600 s evaluated", m) for m in mine)
+
+
+def _files(root: Path) -> dict[str, tuple[int, str]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_ino, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_servers_copy_links_the_caches_blocks_and_rewriting_them_leaves_the_cache_as_it_was(
+    cache, tmp_path
+):
+    """copy_tsdb hard-links the blocks' files; Prometheus deleting a series and cleaning its tombstones
+    (which rewrites the blocks that held it and deletes the old ones) changes the copy, never the cache."""
+    before = _files(cache[1])
+    tsdb = copy_tsdb(cache[1], tmp_path / "tsdb")
+    copied = _files(tsdb)
+    assert {k: v[1] for k, v in copied.items()} == {k: v[1] for k, v in before.items()}
+    assert all(copied[k][0] == before[k][0] for k in before if k.endswith(("/index", "/meta.json")))
+    with PrometheusServer(tsdb, workdir=tmp_path, extra_args=("--web.enable-admin-api",)) as srv:
+        assert instant(srv.url, "count(up)", T0 + timedelta(hours=1))
+        for path in ("delete_series?match[]=up", "clean_tombstones"):
+            req = urllib.request.Request(f"{srv.url}/api/v1/admin/tsdb/{path}", method="POST")
+            with urllib.request.urlopen(req, timeout=60) as r:
+                assert r.status == 204, path
+        assert instant(srv.url, "count(up)", T0 + timedelta(hours=1)) == []
+    after = _files(tsdb)
+    assert set(after) != set(copied)  # the blocks holding `up` were rewritten
+    assert _files(cache[1]) == before
