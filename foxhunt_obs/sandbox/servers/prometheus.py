@@ -320,9 +320,10 @@ def inline_records(rules_file: Path) -> dict:
 def copy_tsdb(src: Path, dst: Path) -> Path:
     """Copy a TSDB for a server to write into; ``dst`` must not exist. A block's files are hard links where
     the file system allows (a cached history is ~16,000 files: copying them took 1.5-6 s of every demo's
-    start): Prometheus never writes a block's files in place (meta.json and tombstones go to a temporary
-    file it renames; compacted blocks are deleted), so the cache keeps its bytes. Everything else (the
-    head's WAL, which is appended to) is copied."""
+    start): Prometheus replaces a block's files rather than writing into them (meta.json and tombstones
+    through a temporary file it renames, compaction into new blocks), so the cache keeps its bytes
+    (test_prometheus_backfill: a series deleted and its blocks rewritten leave the cache as it was).
+    Everything else (the head's WAL, which is appended to) is copied."""
     src = Path(src)
 
     def link_or_copy(a: str, b: str) -> None:
