@@ -73,6 +73,9 @@ def up(args, trainer: bool = False, records_from=None) -> dict:
             mlflow = pool.submit(up_mlflow, args.scenario, args.state_dir, args.mlflow_port)
             moto = pool.submit(up_moto, args.scenario, args.state_dir, args.moto_port)
             wait([mlflow, moto])  # both ended, started or failed, before a failure stops what did start
+        errors = [e for e in (mlflow.exception(), moto.exception()) if e is not None]
+        if len(errors) == 2:  # both failed: the second said too
+            errors[0].add_note(f"and AWS (moto) failed too: {type(errors[1]).__name__}: {errors[1]}")
         info["mlflow_url"] = mlflow.result()["url"]
         aws = moto.result()
         info["aws_url"], info["aws_env"] = aws["endpoint_url"], sandbox_env(aws)

@@ -296,8 +296,13 @@ def _lake_rules(rules: list[Rule], sources: Sources, now: datetime, out: Evaluat
             {"first": first, "day": day.isoformat()},
         ),
     }
-    # one connection for the tick's lake rules: a new one costs ~10 ms, as much as their queries
-    con = lake.connect([BUDGETS, COSTS_DAILY, SPEND_NOW])
+    needs = {"budget_burn": [BUDGETS, SPEND_NOW], "cost_spike": [COSTS_DAILY]}
+    tables = [t for r in rules for t in needs.get(r.id, [])]
+    if not tables:
+        return
+    # one connection for the tick's lake rules (a new one costs ~10 ms, as much as their queries), over the
+    # tables the enabled rules read only: a table none of them reads cannot stop them
+    con = lake.connect(tables)
     try:
         for rule in rules:
             if rule.id not in frames:
