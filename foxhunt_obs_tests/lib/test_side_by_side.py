@@ -84,6 +84,35 @@ def test_errors_are_raised_in_the_calls_order_not_as_they_happen():
         next(answers)
 
 
+def _workers(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name]
+
+
+def _gone(name: str) -> bool:
+    deadline = time.monotonic() + 5
+    while _workers(name) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not _workers(name)
+
+
+def test_at_most_at_once_threads_serve_the_calls_and_end_with_the_caller():
+    ran_on: set[int] = set()
+
+    def call(i: int) -> int:
+        ran_on.add(threading.get_ident())
+        time.sleep(0.002)
+        return i
+
+    assert side_by_side([lambda i=i: call(i) for i in range(40)], 3, "sbs-test-all") == list(range(40))
+    assert 1 <= len(ran_on) <= 3  # not a thread per call
+    assert _gone("sbs-test-all")
+
+    answers = in_order([lambda i=i: call(i) for i in range(40)], 3, "sbs-test-stop")
+    assert next(answers) == 0 and _workers("sbs-test-stop")
+    answers.close()  # the caller stops early: the workers end after the calls they hold
+    assert _gone("sbs-test-stop")
+
+
 def test_one_ahead_fetches_the_next_item_while_the_caller_works():
     fetched: list[tuple[int, float]] = []
 

@@ -154,11 +154,17 @@ class RangeResult:
 
 
 class MatrixParser:
-    """Parses a query_range answer incrementally: each series is cut out of the bytes as soon as it is
-    complete and its [<ts>,"<value>"] pairs rewritten as CSV lines, so parsing overlaps the download.
-    Arrow's CSV reader then reads all points at once (NaN, +Inf and -Inf included)."""
+    """Parses a query_range answer incrementally: each series is cut out of the bytes as soon as the next
+    one begins (the last one at the end), so parsing overlaps the download. The value blocks are then
+    joined and their punctuation turned into CSV lines in one pass (`[<ts>,"<value>"],` -> `\\n<ts>,<value>,`),
+    which Arrow's CSV reader reads all at once (NaN, +Inf and -Inf included).
+
+    A series' end is found from the next series' start, `{"metric":`: a marker that cannot occur inside a
+    JSON string (its quote would be escaped) nor among values, and that the search skips to quickly,
+    where searching each block for its closing `]]` meets a `]` every ~20 bytes."""
 
     _METRIC, _VALUES = b'{"metric":', b',"values":[['
+    _BETWEEN = b"]]},"  # the end of a series' values and object, before the next series' _METRIC
     _TAIL_BYTES = 1 << 16  # what finish() checks the document's end in (warnings/infos included)
     # After the last series (or an empty result) the document closes: the result array, the data object,
     # optional top-level "warnings"/"infos" (Prometheus >= 2.x / 3.x), the response object. An answer cut
@@ -175,8 +181,7 @@ class MatrixParser:
         # (`label_cache`), the dicts shared between answers and read-only to their users.
         self._label_cache = {} if label_cache is None else label_cache
         self.labels: list[dict[str, str]] = []
-        self._csv: list[bytes] = []
-        self._counts: list[int] = []
+        self._blocks: list[bytes] = []  # each series' `[<ts>,"<value>"],...,[<ts>,"<value>"]`
 
     def feed(self, chunk: bytes) -> None:
         if len(self._head) < 400:
@@ -184,53 +189,65 @@ class MatrixParser:
         # the last bytes seen (a big chunk is its own tail: no copy)
         self._tail = chunk if len(chunk) >= self._TAIL_BYTES else (self._tail + chunk)[-self._TAIL_BYTES :]
         buf = self._rest + chunk if self._rest else chunk
-        pos = 0
+        m = buf.find(self._METRIC)
+        if m < 0:  # keep a tail that may hold the start of the first marker
+            self._rest = buf[max(0, len(buf) - len(self._METRIC)) :]
+            return
         while True:
-            m = buf.find(self._METRIC, pos)
-            if m < 0:  # keep a tail that may hold the start of the next marker
-                pos = max(pos, len(buf) - len(self._METRIC))
-                break
             v = buf.find(self._VALUES, m)
-            e = buf.find(b"]]", v) if v >= 0 else -1
-            if e < 0:  # this series is not complete yet
-                pos = m
+            following = buf.find(self._METRIC, v) if v >= 0 else -1
+            if following < 0:  # the last series so far: it ends where the next begins, or in finish()
                 break
-            raw = buf[m + len(self._METRIC) : v]
-            labels = self._label_cache.get(raw)
-            if labels is None:
-                labels = json.loads(raw)
-                if len(self._label_cache) < _LABEL_CACHE_SIZE:
-                    self._label_cache[raw] = labels
-            self.labels.append(labels)
-            block = buf[v + len(self._VALUES) : e]
-            self._counts.append(block.count(b"],[") + 1)
-            self._csv.append(block.replace(b"],[", b"\n"))  # `<ts>,"<value>"`: CSV reads the quotes
-            pos = e
-        self._rest = buf[pos:]
+            if buf[following - len(self._BETWEEN) : following] != self._BETWEEN:
+                raise ValueError(f"malformed series: {buf[m : m + 200]!r}")
+            self._add(buf, m, v, following - len(self._BETWEEN) + 1)
+            m = following
+        self._rest = buf[m:]
+
+    def _add(self, buf: bytes, m: int, v: int, end: int) -> None:
+        """The series whose object starts at m, values at v, its last point's `]` just before `end`."""
+        raw = buf[m + len(self._METRIC) : v]
+        labels = self._label_cache.get(raw)
+        if labels is None:
+            labels = json.loads(raw)
+            if len(self._label_cache) < _LABEL_CACHE_SIZE:
+                self._label_cache[raw] = labels
+        self.labels.append(labels)
+        self._blocks.append(buf[v + len(self._VALUES) - 1 : end])
 
     def finish(self) -> RangeResult:
         if b'"status":"success"' not in self._head:
             raise ValueError(f"not a successful Prometheus response: {self._head[:300]!r}")
         if b'"resultType":"matrix"' not in self._head:
             raise ValueError(f"not a matrix result: {self._head[:300]!r}")
-        if self._METRIC in self._rest:
-            raise ValueError(f"truncated or malformed series: {self._rest[:200]!r}")
         # the end is in the last bytes, unless warnings follow the data (then the regex reads them all)
         if not (self._END.search(self._tail[-256:]) or self._END.search(self._tail)):
             raise ValueError(
                 f"truncated answer: the document does not close after {len(self.labels)} series "
                 f"(ends {self._tail[-120:]!r})"
             )
+        if self._rest.startswith(self._METRIC):  # the last series: its values end at the first `]]`
+            v = self._rest.find(self._VALUES)
+            e = self._rest.find(b"]]", v) if v >= 0 else -1
+            if e < 0 or not self._END.match(self._rest, e):  # nothing but the document's end after it
+                raise ValueError(f"truncated or malformed series: {self._rest[:200]!r}")
+            self._add(self._rest, 0, v, e + 1)
         if not self.labels:
             return RangeResult.empty()
-        expected = sum(self._counts)
-        csv = b"\n".join(self._csv)
+        # `,` after every point, then `[` -> newline and `]`, `"` dropped: the rows `<ts>,<value>,` of
+        # three fields, the third empty (a first empty line is skipped)
+        joined = b",".join(self._blocks) + b","
+        starts = np.cumsum([0] + [len(b) + 1 for b in self._blocks])
+        opens = np.flatnonzero(np.frombuffer(joined, np.uint8) == ord("["))  # a point each
+        offsets = np.searchsorted(opens, starts).astype(np.int64)
+        csv = joined.translate(_CSV_LINES, b']"')
         # threads pay for themselves on a big answer only (an hour of one metric is ~1 MB)
         read = _CSV_READ_THREADS if len(csv) > _CSV_THREADS_FROM else _CSV_READ
-        table = pacsv.read_csv(io.BytesIO(csv), read_options=read, convert_options=_CSV_CONVERT)
-        if table.num_rows != expected:
-            raise ValueError(f"malformed matrix values: expected {expected} points, got {table.num_rows}")
-        offsets = np.concatenate([[0], np.cumsum(self._counts)]).astype(np.int64)
+        table = pacsv.read_csv(
+            io.BytesIO(csv), read_options=read, parse_options=_CSV_PARSE, convert_options=_CSV_CONVERT
+        )
+        if table.num_rows != opens.size:
+            raise ValueError(f"malformed matrix values: expected {opens.size} points, got {table.num_rows}")
         return RangeResult(self.labels, offsets, _numpy(table.column("t")), _numpy(table.column("v")))
 
 
@@ -244,11 +261,16 @@ def parse_matrix(body: bytes) -> RangeResult:
 # label sets a client keeps parsed: a DCGM series' is ~2.5 KB in memory, so at most ~50 MB; enough for
 # every series of 1,000 GPUs' metrics, beyond which the rest are parsed each time
 _LABEL_CACHE_SIZE = 20_000
-_CSV_READ = pacsv.ReadOptions(column_names=["t", "v"], block_size=1 << 22, use_threads=False)
-_CSV_READ_THREADS = pacsv.ReadOptions(column_names=["t", "v"], block_size=1 << 22)
+_CSV_LINES = bytes.maketrans(b"[", b"\n")
+_CSV_READ = pacsv.ReadOptions(column_names=["t", "v", "_"], block_size=1 << 22, use_threads=False)
+_CSV_READ_THREADS = pacsv.ReadOptions(column_names=["t", "v", "_"], block_size=1 << 22)
 _CSV_THREADS_FROM = 1 << 22
+_CSV_PARSE = pacsv.ParseOptions(quote_char=False, double_quote=False, ignore_empty_lines=True)
 _CSV_CONVERT = pacsv.ConvertOptions(
-    column_types={"t": pa.float64(), "v": pa.float64()}, null_values=[], strings_can_be_null=False
+    column_types={"t": pa.float64(), "v": pa.float64()},
+    include_columns=["t", "v"],
+    null_values=[],
+    strings_can_be_null=False,
 )
 
 

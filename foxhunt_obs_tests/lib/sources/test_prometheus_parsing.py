@@ -104,6 +104,40 @@ def test_incremental_parse_equals_whole_parse_at_any_chunk_boundary(chunk):
     assert np.array_equal(got.ts, whole.ts) and np.array_equal(got.values, whole.values)
 
 
+def test_labels_named_like_the_answers_keys_do_not_cut_a_series():
+    """A series ends where the next `{"metric":` begins: a label called `metric` or `values`, or a value
+    holding those words, brackets or quotes, is inside a JSON string or object and moves no boundary."""
+    result = [
+        {"metric": {"metric": "a", "values": "[[1,\"2\"]]"}, "values": [[1, "1"], [2, "2"]]},
+        {"metric": {"__name__": "x", "q": '{"metric":{}},"values":[[9,"9"]]},'}, "values": [[3, "3"]]},
+        {"metric": {}, "values": [[4, "NaN"], [5, "5"], [6, "6"]]},
+    ]
+    body = _body(result)
+    for chunk in (1, 5, 11, len(body)):
+        parser = MatrixParser()
+        for i in range(0, len(body), chunk):
+            parser.feed(body[i : i + chunk])
+        r = parser.finish()
+        assert r.labels == [s["metric"] for s in result]
+        assert r.offsets.tolist() == [0, 2, 3, 6]
+        assert r.ts.tolist() == [1, 2, 3, 4, 5, 6]
+        assert r.values[:3].tolist() == [1, 2, 3] and math.isnan(r.values[3]) and r.values[4:].tolist() == [5, 6]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [b'[1,"2",3]', b'[1,"2"],[3]', b'[1,"x"]', b'[1,"2"],[2,"3",]', b'[1,"2"]]],[[3,"4"]'],
+)
+def test_malformed_values_are_an_error(values):
+    for last in (False, True):  # the last series is cut out at the end, the others at the next one's start
+        series = [b'{"metric":{"g":"0"},"values":' + b"[" + values + b"]}"]
+        other = b'{"metric":{"g":"1"},"values":[[1,"1"]]}'
+        items = [*series, other] if not last else [other, *series]
+        body = b'{"status":"success","data":{"resultType":"matrix","result":[' + b",".join(items) + b"]}}"
+        with pytest.raises(ValueError):
+            parse_matrix(body)
+
+
 def test_a_truncated_answer_is_an_error():
     body = _body([{"metric": {"g": "0"}, "values": [[1, "2"], [2, "3"]]}])
     with pytest.raises(ValueError, match="truncated"):
