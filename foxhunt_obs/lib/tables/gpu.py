@@ -5,8 +5,10 @@ downloads the next hour meanwhile, and writes each hour with its parts of gpu_ho
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 
+import pandas as pd
 import pyarrow as pa
 
 from foxhunt_obs.lib.duck import scratch
@@ -58,6 +60,7 @@ def gpu_samples(
     tables: dict[str, pa.Table] = {}
     missing: dict[str, dict] = {}
     log: list[tuple[str, str]] = []
+    tally = RunTally()
 
     def collect(hour: datetime) -> pa.Table:
         return collect_gpu_samples(
@@ -76,6 +79,7 @@ def gpu_samples(
             key = GPU_SAMPLES.key(hour)
             guard_fewer_rows(lake, GPU_SAMPLES, key, table, ["uuid", "gpu_instance"], allow_fewer_rows)
             write_gpu_samples(lake, hour, table, con)  # with the parts gpu_hourly reads
+            tally.add(table, con)
             log.append(("info", f"gpu_samples {key}: {table.num_rows} rows"))
             for column, gap in missing_core_columns(table, catalog).items():
                 log.append(
@@ -87,7 +91,7 @@ def gpu_samples(
                 )
                 missing.setdefault(column, {**gap, "partitions": []})["partitions"].append(key)
             tables[key] = table
-    summary = {**_gpu_summary(tables, lake.root), "missing_core_columns": missing}
+    summary = {**_gpu_summary(tables, lake.root, tally), "missing_core_columns": missing}
     core = Check(
         "core_columns_reported",
         not missing,
@@ -102,47 +106,123 @@ def gpu_samples(
             )
         },
     )
-    return Built(tables, summary, [core, *gpu_checks(tables, lake, allow_fewer_rows)], extra={"log": log})
+    return Built(
+        tables, summary, [core, *gpu_checks(tables, lake, allow_fewer_rows, tally)], extra={"log": log}
+    )
 
 
-def _gpu_summary(tables: dict[str, pa.Table], root: str) -> dict:
-    with scratch(t=pa.concat_tables(tables.values())) as con:
-        rows, t0, t1, gpus, nodes = con.execute(
-            "SELECT count(*), min(ts), max(ts), count(DISTINCT uuid), count(DISTINCT node) FROM t"
-        ).fetchone()
-        per_exp = con.execute(
-            """SELECT experiment, count(DISTINCT uuid) AS gpus, round(avg(util), 3) AS mean_util,
-                      round(sum(util * step_seconds * step_share * gpu_share) / 3600, 2) AS active_gpu_hours
-               FROM t GROUP BY experiment ORDER BY experiment"""
-        ).fetch_df()
-        preview = con.execute(
-            "SELECT ts, node, gpu, gpu_instance, pod, experiment, util, util_basis, mem_used_bytes, power_watts "
-            "FROM t LIMIT 8"
-        ).fetch_df()
+_HOUR_FIGURES = """
+SELECT count(*), min(ts), max(ts),
+  -- NaN is a missing reading, not an out-of-range one (DuckDB orders NaN above every number)
+  count(*) FILTER (WHERE NOT isnan(util) AND (util < 0 OR util > 1)),
+  count(*) FILTER (WHERE NOT isnan(temp_celsius) AND (temp_celsius < -20 OR temp_celsius > 130)),
+  count(*) FILTER (WHERE isnan(util)),
+  (SELECT count(*) FROM (SELECT uuid, gpu_instance, vgpu, ts FROM t GROUP BY ALL HAVING count(*) > 1))
+FROM t
+"""
+_HOUR_EXPERIMENTS = """
+SELECT experiment, list(DISTINCT uuid) FILTER (WHERE uuid IS NOT NULL), sum(util), count(util),
+  sum(util * step_seconds * step_share * gpu_share), count(util * step_seconds * step_share * gpu_share)
+FROM t GROUP BY experiment
+"""
+
+
+class RunTally:
+    """The run's checks and summary, summed partition by partition as each is written (while the next one
+    downloads), not over the whole run after its last: every figure is a count, a sum, an extreme or a
+    set, and a duplicate (uuid, gpu_instance, vgpu, ts) lies within one hour's partition."""
+
+    def __init__(self) -> None:
+        self.rows, self.t0, self.t1 = 0, None, None
+        self.util_out_of_range = self.temperature_out_of_range = self.util_nan = self.duplicate_keys = 0
+        self.uuids: set[str] = set()
+        self.nodes: set[str] = set()
+        # experiment -> [GPU uuids, util sum, util count, util x GPU-seconds sum, its count]
+        self.experiments: dict[str | None, list] = {}
+        self.preview: list[pd.DataFrame] = []  # the run's first rows, in order
+
+    def add(self, table: pa.Table, con=None) -> None:
+        if not table.num_rows:
+            return
+        with nullcontext(con) if con is not None else scratch() as db:
+            db.register("t", table)
+            try:
+                rows, t0, t1, bad_util, bad_temp, nan_util, dupes = db.execute(_HOUR_FIGURES).fetchone()
+                for exp, uuids, util_sum, util_n, active, active_n in db.execute(
+                    _HOUR_EXPERIMENTS
+                ).fetchall():
+                    tally = self.experiments.setdefault(exp, [set(), 0.0, 0, 0.0, 0])
+                    tally[0].update(uuids)
+                    tally[1] += util_sum or 0.0
+                    tally[2] += util_n
+                    tally[3] += active or 0.0
+                    tally[4] += active_n
+                if (wanted := _PREVIEW_ROWS - sum(len(p) for p in self.preview)) > 0:
+                    self.preview.append(db.execute(f"SELECT {_PREVIEW} FROM t LIMIT {wanted}").fetch_df())
+            finally:
+                db.unregister("t")
+        self.rows += rows
+        self.t0 = t0 if self.t0 is None else min(self.t0, t0)
+        self.t1 = t1 if self.t1 is None else max(self.t1, t1)
+        self.util_out_of_range += bad_util
+        self.temperature_out_of_range += bad_temp
+        self.util_nan += nan_util
+        self.duplicate_keys += dupes
+        for exp_uuids, *_ in self.experiments.values():
+            self.uuids |= exp_uuids
+        self.nodes.update(v for v in table.column("node").unique().to_pylist() if v is not None)
+
+
+_PREVIEW_ROWS = 8
+_PREVIEW = "ts, node, gpu, gpu_instance, pod, experiment, util, util_basis, mem_used_bytes, power_watts"
+
+
+def _tally(tables: dict[str, pa.Table]) -> RunTally:
+    tally = RunTally()
+    for table in tables.values():
+        tally.add(table)
+    return tally
+
+
+def _gpu_summary(tables: dict[str, pa.Table], root: str, tally: RunTally | None = None) -> dict:
+    tally = tally or _tally(tables)
+    per_exp = pd.DataFrame(
+        [
+            {
+                "experiment": exp,
+                "gpus": len(uuids),
+                # avg(util) as SQL has it: NULLs left out, a NaN makes it NaN
+                "mean_util": round(util_sum / util_n, 3) if util_n else None,
+                "active_gpu_hours": round(active / 3600, 2) if active_n else None,
+            }
+            for exp, (uuids, util_sum, util_n, active, active_n) in sorted(
+                tally.experiments.items(), key=lambda kv: (kv[0] is None, kv[0] or "")
+            )
+        ],
+        columns=["experiment", "gpus", "mean_util", "active_gpu_hours"],
+    )
     return {
-        "dagster/row_count": int(rows),
+        "dagster/row_count": tally.rows,
         "partitions": ", ".join(tables),
-        "time_range": f"{t0} .. {t1}" if rows else "empty",
-        "gpus": int(gpus),
-        "nodes": int(nodes),
+        "time_range": f"{tally.t0} .. {tally.t1}" if tally.rows else "empty",
+        "gpus": len(tally.uuids),
+        "nodes": len(tally.nodes),
         "experiments": md_table(per_exp, floatfmt=None),
-        "preview": md_table(preview, empty="empty", floatfmt=None),
+        "preview": md_table(
+            pd.concat(tally.preview, ignore_index=True) if tally.preview else pd.DataFrame(),
+            empty="empty",
+            floatfmt=None,
+        ),
         "lake": LakePath(f"{root}/{GPU_SAMPLES.name}"),
     }
 
 
-def gpu_checks(tables: dict[str, pa.Table], lake: Lake, allow_fewer_rows: bool = False) -> list[Check]:
-    """values_in_range, unique_uuid_ts and not_empty_after_gpus over the run's partitions."""
-    with scratch(t=pa.concat_tables(tables.values())) as con:
-        # NaN is a missing reading, not an out-of-range one (DuckDB orders NaN above every number).
-        bad = con.execute(
-            """SELECT count(*) FILTER (WHERE NOT isnan(util) AND (util < 0 OR util > 1)),
-                      count(*) FILTER (WHERE NOT isnan(temp_celsius) AND (temp_celsius < -20 OR temp_celsius > 130)),
-                      count(*) FILTER (WHERE isnan(util)) FROM t"""
-        ).fetchone()
-        dupes = con.execute(
-            "SELECT count(*) FROM (SELECT uuid, gpu_instance, vgpu, ts FROM t GROUP BY ALL HAVING count(*) > 1)"
-        ).fetchone()[0]
+def gpu_checks(
+    tables: dict[str, pa.Table], lake: Lake, allow_fewer_rows: bool = False, tally: RunTally | None = None
+) -> list[Check]:
+    """values_in_range, unique_uuid_ts and not_empty_after_gpus over the run's partitions (`tally`: their
+    figures, summed as they were written)."""
+    tally = tally or _tally(tables)
     empty_after_gpus = []
     for key, table in tables.items():
         if table.num_rows:
@@ -151,13 +231,14 @@ def gpu_checks(tables: dict[str, pa.Table], lake: Lake, allow_fewer_rows: bool =
         prev = tables.get(prev_key) or lake.read_partition(GPU_SAMPLES, prev_key)
         if prev is not None and prev.num_rows:
             empty_after_gpus.append(key)
+    bad = (tally.util_out_of_range, tally.temperature_out_of_range)
     return [
         Check(
             "values_in_range",
-            bad[0] + bad[1] == 0,
-            {"util_out_of_range": bad[0], "temperature_out_of_range": bad[1], "util_nan": bad[2]},
+            sum(bad) == 0,
+            {"util_out_of_range": bad[0], "temperature_out_of_range": bad[1], "util_nan": tally.util_nan},
         ),
-        Check("unique_uuid_ts", dupes == 0, {"duplicate_keys": dupes}),
+        Check("unique_uuid_ts", tally.duplicate_keys == 0, {"duplicate_keys": tally.duplicate_keys}),
         Check(
             "not_empty_after_gpus",
             not empty_after_gpus,
