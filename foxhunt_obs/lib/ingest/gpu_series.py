@@ -7,6 +7,7 @@ GPU (or node) per step in DuckDB. Nothing here knows about the lake or Dagster.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -74,6 +75,32 @@ def collect_gpu_samples(
 ) -> pa.Table:
     """gpu_samples rows for the window. `columns` limits which canonical metrics are fetched;
     `run_id_label`: a pod label carrying the MLflow run id (kube_pod_labels), '' for none."""
+    return gather_gpu_samples(
+        client,
+        catalog,
+        window,
+        node_labels=node_labels,
+        experiment_label=experiment_label,
+        exporter_containers=exporter_containers,
+        columns=columns,
+        run_id_label=run_id_label,
+    )()
+
+
+def gather_gpu_samples(
+    client: PrometheusClient,
+    catalog: Catalog,
+    window: Window,
+    *,
+    node_labels: tuple[str, ...],
+    experiment_label: str = "experiment",
+    exporter_containers: tuple[str, ...] = (),
+    columns: list[str] | None = None,
+    run_id_label: str = "",
+) -> Callable[[], pa.Table]:
+    """collect_gpu_samples in two parts: this downloads the window's answers and places their points,
+    and the function it returns builds the rows (so an ingest can build one hour's rows while the next
+    hour downloads)."""
     wanted = [m for m in catalog.gpu_metrics if columns is None or m.column in columns]
     # Last-listed source first, so the first-listed one wins where several report.
     queries = [
@@ -105,7 +132,7 @@ def collect_gpu_samples(
             _require_identity(res, catalog, node_labels, query, window)
             grid.add(res, catalog, node_labels, targets, metric.column, source.scale, source.name)
     experiments, run_ids = next(answers), next(answers)
-    return grid.table(catalog, {m.column for m in wanted}, experiments, run_ids)
+    return partial(grid.table, catalog, {m.column for m in wanted}, experiments, run_ids)
 
 
 class IngestError(ValueError):

@@ -1,10 +1,11 @@
 """The Prometheus ingest tables, one function each: gpu_samples (with its four checks) and node_samples.
 Each hour of `hours` is collected, guarded against replacing good rows with fewer, and written; gpu_samples
-downloads the next hour meanwhile, and writes each hour with its parts of gpu_hourly (gpu_hour_parts.py)."""
+downloads the next hour while it builds this hour's rows from their downloaded points, writes them with their
+parts of gpu_hourly (gpu_hour_parts.py) and adds them to the run's checks (RunTally)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from datetime import datetime, timedelta
 
@@ -14,8 +15,8 @@ import pyarrow as pa
 from foxhunt_obs.lib.duck import scratch
 from foxhunt_obs.lib.ingest.gpu_series import (
     Window,
-    collect_gpu_samples,
     collect_node_samples,
+    gather_gpu_samples,
     missing_core_columns,
 )
 from foxhunt_obs.lib.ingest.metric_catalog import Catalog
@@ -62,8 +63,8 @@ def gpu_samples(
     log: list[tuple[str, str]] = []
     tally = RunTally()
 
-    def collect(hour: datetime) -> pa.Table:
-        return collect_gpu_samples(
+    def gather(hour: datetime) -> Callable[[], pa.Table]:
+        return gather_gpu_samples(
             client,
             catalog,
             hour_window(hour, settings.scrape_step_s, f"gpu_samples partition {GPU_SAMPLES.key(hour)}"),
@@ -75,8 +76,9 @@ def gpu_samples(
 
     # the next hour is downloaded while this one is checked and written
     with scratch() as con:
-        for hour, table in one_ahead(hours, collect, "gpu_samples-next-hour"):
+        for hour, build in one_ahead(hours, gather, "gpu_samples-next-hour"):
             key = GPU_SAMPLES.key(hour)
+            table = build()  # here, while the next hour downloads
             guard_fewer_rows(lake, GPU_SAMPLES, key, table, ["uuid", "gpu_instance"], allow_fewer_rows)
             write_gpu_samples(lake, hour, table, con)  # with the parts gpu_hourly reads
             tally.add(table, con)
