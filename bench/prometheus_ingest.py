@@ -48,7 +48,7 @@ NODES, GPUS, HOURS = 16, 8, 24
 START = datetime(2026, 11, 16, tzinfo=timezone.utc)
 METHODS = ("raw", "client", "ours")
 DAY_METHODS = ("raw", "raw_side", "ours", "ours_serial")
-ROUNDS = 5
+ROUNDS = 7
 
 SCENARIO = (
     f"""
