@@ -61,9 +61,8 @@ def in_order(calls: list[Callable[[], R]], at_once: int, name: str = "side-by-si
     try:
         start_until(at_once)
         for i in range(len(calls)):
-            while (
-                i not in done
-            ):  # every call before the first failure was started: none is waited for in vain
+            # every call before the first failure was started: none is waited for in vain
+            while i not in done:
                 j, value, error = finished.get()
                 done[j] = (value, error)
                 failed = failed or error is not None
