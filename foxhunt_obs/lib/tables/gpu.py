@@ -155,6 +155,7 @@ class RunTally:
                 ).fetchall():
                     tally = self.experiments.setdefault(exp, [set(), 0.0, 0, 0.0, 0])
                     tally[0].update(uuids)
+                    self.uuids.update(uuids)
                     tally[1] += util_sum or 0.0
                     tally[2] += util_n
                     tally[3] += active or 0.0
@@ -170,8 +171,6 @@ class RunTally:
         self.temperature_out_of_range += bad_temp
         self.util_nan += nan_util
         self.duplicate_keys += dupes
-        for exp_uuids, *_ in self.experiments.values():
-            self.uuids |= exp_uuids
         self.nodes.update(v for v in table.column("node").unique().to_pylist() if v is not None)
 
 
