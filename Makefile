@@ -72,6 +72,7 @@ sandbox-down:
 
 bench: install
 	$(PY) bench/prometheus_ingest.py
+	$(PY) bench/prometheus_processes.py
 	$(PY) bench/exporter.py
 	$(PY) bench/mlflow_ingest.py
 	$(PY) bench/report.py
