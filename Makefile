@@ -1,11 +1,13 @@
 # The README's commands. Each installs what it needs on a fresh Debian/Ubuntu machine.
 SHELL := /bin/bash
 PY := .venv/bin/python
-STAMP := .venv/.installed-$(shell cat pyproject.toml exporter/pyproject.toml | sha1sum | cut -c1-12)
+STAMP := .venv/.installed-$(shell cat pyproject.toml exporter/pyproject.toml constraints/*.txt | sha1sum | cut -c1-12)
+# the versions `make test` passed with, for the venv's Python (constraints/py3.11.txt): see its header
+CONSTRAINTS = constraints/py$$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])').txt
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.foxhunt/dagster_home
 
-.PHONY: demo test ui bench lint install prometheus chromium alertmanager pushgateway postgresql sandbox-down
+.PHONY: demo test ui bench lint install constraints prometheus chromium alertmanager pushgateway postgresql sandbox-down
 
 install: $(STAMP) prometheus chromium alertmanager pushgateway postgresql
 
@@ -13,8 +15,21 @@ $(STAMP):
 	@command -v python3 >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3 python3-venv; }
 	@[ -x .venv/bin/pip ] || python3 -m venv .venv || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && python3 -m venv .venv; }
 	.venv/bin/pip install -q --upgrade pip
-	.venv/bin/pip install -q -e '.[dev]' -e './exporter[dev,k8s]'
+	@c=$(CONSTRAINTS); if [ -f $$c ]; then echo "installing the tested versions ($$c)"; \
+	  .venv/bin/pip install -q -c $$c -e '.[dev]' -e './exporter[dev,k8s]'; \
+	else echo "no $$c: installing the newest versions pyproject.toml allows"; \
+	  .venv/bin/pip install -q -e '.[dev]' -e './exporter[dev,k8s]'; fi
 	rm -f .venv/.installed-* && touch $@
+
+# constraints/py<X.Y>.txt anew for python3's version: a throwaway venv resolved from pyproject.toml alone
+constraints:
+	rm -rf .venv-constraints && python3 -m venv .venv-constraints
+	.venv-constraints/bin/pip install -q --upgrade pip
+	.venv-constraints/bin/pip install -q -e '.[dev]' -e './exporter[dev,k8s]'
+	f=constraints/py$$(.venv-constraints/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])').txt; \
+	  { sed -n '/^#/p' constraints/py3.11.txt; .venv-constraints/bin/pip freeze --exclude-editable; } > $$f.new \
+	  && mv $$f.new $$f && echo "wrote $$f"
+	rm -rf .venv-constraints
 
 prometheus:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \

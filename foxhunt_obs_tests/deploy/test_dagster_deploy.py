@@ -396,7 +396,14 @@ def test_the_build_context_keeps_what_pip_install_needs():
         if line.strip() and not line.startswith("#")
     ]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    for kept in ("pyproject.toml", pyproject["project"]["readme"], "foxhunt_obs/"):
+    # the tested versions for the base image's Python (python:3.11-slim -> constraints/py3.11.txt)
+    (base,) = {rest for instr, rest in dockerfile_stages()[0] if instr == "FROM"}
+    python = re.match(r"python:(\d+\.\d+)", base).group(1)
+    constraints = f"constraints/py{python}.txt"
+    assert (REPO / constraints).is_file(), constraints
+    (pip,) = [rest for instr, rest in dockerfile_stages()[0] if instr == "RUN" and "pip install" in rest]
+    assert f"-c {constraints}" in pip, pip
+    for kept in ("pyproject.toml", pyproject["project"]["readme"], constraints, "foxhunt_obs/"):
         assert f"!{kept}" in ignore, kept
     # a non-editable install carries only the package data pyproject names: every non-Python file the
     # package holds must match one of its globs, or the image lacks it
