@@ -13,7 +13,7 @@ import pytest
 
 from foxhunt_obs.lib import tracing
 from foxhunt_obs.lib.alerts import state as alert_state
-from foxhunt_obs.lib.alerts.engine import notification
+from foxhunt_obs.lib.alerts.engine import alert_page, notification
 from foxhunt_obs.lib.alerts.rules import load_rules
 from foxhunt_obs.lib.delivery.alert_sinks import AlertmanagerSink, notification_dict, slack_alert_text
 
@@ -145,7 +145,7 @@ def _alert(links: tracing.LinkTemplates | None):
     t = alert_state.Transition(
         "firing", "fp1", rule.id, {"namespace": "training", "pod": "ppo-0", "gpu": "1"}, 91.0, START, None, {}
     )
-    return notification(rule, t, "http://dagster:3000", links)
+    return notification(rule, t, alert_page("http://dagster:3000"), links)
 
 
 def test_alerts_carry_the_logs_link_to_every_sink_when_set():

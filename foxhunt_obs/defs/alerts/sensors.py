@@ -86,7 +86,7 @@ def alert_sensor(
     slack: SlackBotResource,
     alerting: AlertingResource,
 ):
-    from foxhunt_obs.lib.alerts.engine import tick
+    from foxhunt_obs.lib.alerts.engine import LOCATION, tick
     from foxhunt_obs.lib.alerts.rules import load_rules_or_last_good
 
     store = lake.lake()
@@ -104,6 +104,8 @@ def alert_sensor(
         source_budget_s=SOURCE_BUDGET_S,
         sink_budget_s=SINK_BUDGET_S,
         links=alerting.links(),
+        # the alerts link to this sensor's page, under the location's name in this deployment's workspace
+        location=getattr(context.code_location_origin, "location_name", None) or LOCATION,
     )
     if report.note:
         context.log.warning(f"alert state: {report.note}")

@@ -36,9 +36,20 @@ class TickReport:
     dropped: list[str] = field(default_factory=list)  # transitions a sink refused for PENDING_MAX
 
 
+LOCATION = "foxhunt_obs"  # workspace.yaml's and deploy/dagster/values.yaml's code location name
+SENSOR = "alert_sensor"
+
+
+def alert_page(dagster_url: str, location: str = LOCATION) -> str:
+    """The alert sensor's page in the Dagster UI: an alert's link back to what raised it. The code location's
+    name is the deployment's (the Helm chart's workspace names it), so the sensor passes its own."""
+    return f"{dagster_url.rstrip('/')}/locations/{quote(location)}/sensors/{SENSOR}"
+
+
 def notification(
-    rule: Rule, t: alert_state.Transition, dagster_url: str, links: tracing.LinkTemplates | None = None
+    rule: Rule, t: alert_state.Transition, page: str, links: tracing.LinkTemplates | None = None
 ) -> Notification:
+    """`page`: alert_page's URL, which the notification links to with the rule's id."""
     values = {**t.labels, **t.extra}
     return Notification(
         rule=rule.id,
@@ -51,7 +62,7 @@ def notification(
         value=t.value,
         starts_at=t.starts_at,
         ends_at=t.ends_at,
-        generator_url=f"{dagster_url.rstrip('/')}/locations/foxhunt_obs/sensors/alert_sensor?rule={quote(rule.id)}",
+        generator_url=f"{page}?rule={quote(rule.id)}",
         links=(links or tracing.LinkTemplates()).pod_logs(t.labels, t.starts_at, t.ends_at),
     )
 
@@ -89,6 +100,7 @@ def tick(
     source_budget_s: float | None = None,
     sink_budget_s: float | None = None,
     links: tracing.LinkTemplates | None = None,
+    location: str = LOCATION,
 ) -> tuple[str, TickReport]:
     """Returns the new cursor and what happened. Each sink gets each transition until it accepts it,
     and then never again; a transition leaves the cursor once every sink took it (a sink that is down
@@ -97,12 +109,14 @@ def tick(
     Deadlines, so the tick returns (and its cursor is saved) before the caller's own: the sources are
     read side by side for at most `source_budget_s` (a late one is not evaluated); a sink not yet tried
     `budget_s` after the tick started is left for the next tick; one sink's delivery is given up after
-    `sink_budget_s` (it gets the transitions again next tick).
+    `sink_budget_s` (it gets the transitions again next tick). Each notification links to the alert
+    sensor's page at `dagster_url`, under the code location named `location`.
 
     Traced (lib/tracing.py): the tick is a span, each rule evaluated a child of it."""
     with tracing.span("alert tick", {"foxhunt.alert.at": now.isoformat()}) as span:
+        page = alert_page(dagster_url, location)
         cursor, report = _tick(
-            rules, sources, sinks, cursor, now, dagster_url, budget_s, source_budget_s, sink_budget_s, links
+            rules, sources, sinks, cursor, now, page, budget_s, source_budget_s, sink_budget_s, links
         )
         if span.is_recording():
             tracing.set_attributes(
@@ -122,7 +136,7 @@ def tick(
         return cursor, report
 
 
-def _tick(rules, sources, sinks, cursor, now, dagster_url, budget_s, source_budget_s, sink_budget_s, links):
+def _tick(rules, sources, sinks, cursor, now, page, budget_s, source_budget_s, sink_budget_s, links):
     started = time.monotonic()
     state_cursor, took, pending_since = _load(cursor)
     state = alert_state.loads(state_cursor)
@@ -135,7 +149,7 @@ def _tick(rules, sources, sinks, cursor, now, dagster_url, budget_s, source_budg
     )
     by_id = {r.id: r for r in rules}
     state, transitions = alert_state.step(state, evaluation.evaluated, evaluation.findings, now, rules=rules)
-    notes = [notification(by_id[t.rule], t, dagster_url, links) for t in transitions]
+    notes = [notification(by_id[t.rule], t, page, links) for t in transitions]
     keys = [transition_key(n) for n in notes]
     took = {k: took.get(k, []) for k in keys}  # transitions gone from the state are forgotten
     names = [sink.name for sink in sinks]
@@ -153,7 +167,7 @@ def _tick(rules, sources, sinks, cursor, now, dagster_url, budget_s, source_budg
     pending = {k: v for k, v in took.items() if not set(names) <= set(v)}
     if not out_of_time():
         report.refreshed = _refresh_alertmanager(
-            sinks, state, by_id, took, posted_now, dagster_url, sink_budget_s, links
+            sinks, state, by_id, took, posted_now, page, sink_budget_s, links
         )
     cursor_doc = {"state": alert_state.dumps(state), "took": pending, "pending_since": since}
     return json.dumps(cursor_doc, separators=(",", ":")), report
@@ -298,7 +312,7 @@ def _refresh_alertmanager(
     by_id: dict,
     took: dict,
     posted_now: set,
-    dagster_url: str,
+    page: str,
     timeout_s: float | None,
     links: tracing.LinkTemplates | None = None,
 ) -> int:
@@ -323,7 +337,7 @@ def _refresh_alertmanager(
             alert_state.Transition(
                 "firing", a.fingerprint, a.rule, a.labels, a.value, a.since, None, a.extra
             ),
-            dagster_url,
+            page,
             links,
         )
         for a in alive

@@ -233,3 +233,35 @@ def test_a_transition_refused_for_days_is_dropped_loudly(tmp_path):
     # one row per transition: the drop replaced the first tick's record of it
     rows = lake.query("SELECT rule, status, sent_to FROM alerts").to_pylist()
     assert rows == [{"rule": "gpu_overheat", "status": "firing", "sent_to": "lake,dropped"}]
+
+
+def test_alerts_link_to_the_sensor_page_under_the_deployments_location_name(tmp_path):
+    """generatorURL, in Alertmanager and in every sink: the alert sensor's page in the Dagster UI, under the
+    code location's name the sensor runs in (a deployment may name it otherwise than workspace.yaml)."""
+    from foxhunt_obs.defs.alerts.sensors import alert_sensor
+    from foxhunt_obs.lib.alerts.engine import LOCATION, SENSOR
+
+    assert alert_sensor.name == SENSOR and LOCATION == "foxhunt_obs"
+    rules = load_rules(overrides="")
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    page = "http://dagster.example:3000/locations/foxhunt-prod/sensors/alert_sensor?rule=gpu_overheat"
+    with AlertmanagerServer(workdir=tmp_path) as am, _webhook() as (hook_url, received):
+        sinks = [AlertmanagerSink(am.url), WebhookSink(hook_url, "s3cret")]
+        cursor, report = tick(
+            rules, Sources(), sinks, _unnotified_cursor(rules, now), now, "http://dagster.example:3000/",
+            location="foxhunt-prod",
+        )  # fmt: skip
+        assert [n.generator_url for n in report.sent] == [page]
+        assert [a["generatorURL"] for a in am.alerts(active=True)] == [page]
+        assert [a["generator_url"] for body in received for a in body["notifications"]] == [page]
+        # the refresh of a firing alert links the same way
+        _, report = tick(
+            rules, Sources(), sinks, cursor, now + timedelta(minutes=1), "http://dagster.example:3000",
+            location="foxhunt-prod",
+        )  # fmt: skip
+        assert report.refreshed == 1 and [a["generatorURL"] for a in am.alerts(active=True)] == [page]
+    # without a location: the one workspace.yaml names
+    _, report = tick(rules, Sources(), [], _unnotified_cursor(rules, now), now, "http://d:3000")
+    assert [n.generator_url for n in report.sent] == [
+        f"http://d:3000/locations/{LOCATION}/sensors/{SENSOR}?rule=gpu_overheat"
+    ]
