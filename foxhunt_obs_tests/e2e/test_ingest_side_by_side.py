@@ -3,14 +3,16 @@ at a time, and gpu_samples downloading the next hour while it writes this one, o
 real Prometheus. The rows must be those of one query after another, and a failure keep its place: the hours
 before it written, the failing hour named, nothing after it."""
 
+import gc
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 import pytest
 
 from foxhunt_obs.defs.resources import ClusterResource
-from foxhunt_obs.lib.ingest.gpu_series import collect_gpu_samples, collect_node_samples
+from foxhunt_obs.lib.ingest.gpu_series import collect_gpu_samples, collect_node_samples, gather_gpu_samples
 from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import GPU_SAMPLES
@@ -86,7 +88,7 @@ def test_the_next_hour_downloads_while_this_one_is_written(small, prometheus, tm
     hours = _hours(small, 3)
     client, lake = _Recording(prometheus.url), _SlowLake(str(tmp_path))
     built = gpu.gpu_samples(lake, client, catalog, settings, hours)
-    assert list(built.partitions) == [GPU_SAMPLES.key(h) for h in hours]
+    assert built.written == [GPU_SAMPLES.key(h) for h in hours]
     for written, hour in zip(lake.writes[:-1], hours[1:]):
         _, write_start, write_end = written
         started = [t0 for start, t0, _ in client.calls if start == hour.timestamp()]
@@ -98,6 +100,34 @@ def test_the_next_hour_downloads_while_this_one_is_written(small, prometheus, tm
         gpu.gpu_samples(serial_lake, serial, catalog, settings, [hour])
         key = GPU_SAMPLES.key(hour)
         assert lake.read_partition(GPU_SAMPLES, key).equals(serial_lake.read_partition(GPU_SAMPLES, key))
+
+
+def test_a_run_holds_no_hour_it_has_written(small, prometheus, tmp_path, monkeypatch):
+    """A run of many hours must not grow with them (24 hours of 1,024 GPUs are ~1.5 GB of tables): once
+    written and tallied, an hour's rows are let go, and the run's result keeps their row counts only."""
+    built_tables: list[weakref.ref] = []  # each hour's rows as gpu_samples built them (weakly)
+
+    def gather(*args, **kwargs):
+        build = gather_gpu_samples(*args, **kwargs)
+
+        def watched():
+            table = build()
+            built_tables.append(weakref.ref(table))
+            return table
+
+        return watched
+
+    monkeypatch.setattr(gpu, "gather_gpu_samples", gather)  # the real function, its tables watched
+    catalog, settings = load_catalog(), ClusterResource().settings()
+    hours, lake = _hours(small, 4), Lake(str(tmp_path))
+    built = gpu.gpu_samples(lake, PrometheusClient(prometheus.url), catalog, settings, hours)
+    gc.collect()
+    assert len(built_tables) == 4 and [ref() for ref in built_tables] == [None] * 4
+    counts = {
+        GPU_SAMPLES.key(h): lake.read_partition(GPU_SAMPLES, GPU_SAMPLES.key(h)).num_rows for h in hours
+    }
+    assert built.partitions == {} and built.counts == counts
+    assert built.rows == sum(counts.values()) > 0 and built.summary["dagster/row_count"] == built.rows
 
 
 def test_a_failing_hour_fails_after_the_hours_before_it_are_written(small, prometheus, tmp_path):

@@ -34,18 +34,28 @@ class Check:
 @dataclass
 class Built:
     """What one run of a table's function wrote and found: its partitions (already in the lake), the
-    figures its asset shows (int, float, str, Markdown), and its checks."""
+    figures its asset shows (int, float, str, Markdown), and its checks. A function whose run would hold
+    too much to keep every table (gpu_samples: 24 hours of 1,024 GPUs are ~1.5 GB) keeps none, and gives
+    each partition's row count in `counts` instead."""
 
     partitions: dict[str, pa.Table]
     summary: dict[str, object]
     checks: list[Check] = field(default_factory=list)
     extra: dict[str, object] = field(default_factory=dict)  # facts for callers, not shown (the bench's)
+    counts: dict[str, int] | None = None  # partition -> rows, where `partitions` is not kept
+
+    @property
+    def written(self) -> list[str]:
+        """The partitions the run wrote, in order."""
+        return list(self.partitions if self.counts is None else self.counts)
 
     @property
     def rows(self) -> int:
-        return row_count(self.partitions)
+        return row_count(self.partitions) if self.counts is None else sum(self.counts.values())
 
     def frame(self) -> pd.DataFrame:
+        if self.counts is not None:
+            raise ValueError("this run's tables were not kept: read its partitions from the lake")
         return frame(self.partitions)
 
 

@@ -1,7 +1,8 @@
 """The Prometheus ingest tables, one function each: gpu_samples (with its four checks) and node_samples.
 Each hour of `hours` is collected, guarded against replacing good rows with fewer, and written; gpu_samples
 downloads the next hour while it builds this hour's rows from their downloaded points, writes them with their
-parts of gpu_hourly (gpu_hour_parts.py) and adds them to the run's checks (RunTally)."""
+parts of gpu_hourly (gpu_hour_parts.py) and adds them to the run's checks (RunTally). It keeps no hour's
+table after that: a run's memory is that of two hours, not of every hour it wrote."""
 
 from __future__ import annotations
 
@@ -58,7 +59,6 @@ def gpu_samples(
     hours: Sequence[datetime],
     allow_fewer_rows: bool = False,
 ) -> Built:
-    tables: dict[str, pa.Table] = {}
     missing: dict[str, dict] = {}
     log: list[tuple[str, str]] = []
     tally = RunTally()
@@ -81,7 +81,7 @@ def gpu_samples(
             table = build()  # here, while the next hour downloads
             guard_fewer_rows(lake, GPU_SAMPLES, key, table, ["uuid", "gpu_instance"], allow_fewer_rows)
             write_gpu_samples(lake, hour, table, con)  # with the parts gpu_hourly reads
-            tally.add(table, con)
+            tally.add(key, table, con)
             log.append(("info", f"gpu_samples {key}: {table.num_rows} rows"))
             for column, gap in missing_core_columns(table, catalog).items():
                 log.append(
@@ -92,8 +92,8 @@ def gpu_samples(
                     )
                 )
                 missing.setdefault(column, {**gap, "partitions": []})["partitions"].append(key)
-            tables[key] = table
-    summary = {**_gpu_summary(tables, lake.root, tally), "missing_core_columns": missing}
+            del table  # not held while the next hour's rows are built
+    summary = {**_gpu_summary(tally, lake.root), "missing_core_columns": missing}
     core = Check(
         "core_columns_reported",
         not missing,
@@ -108,9 +108,8 @@ def gpu_samples(
             )
         },
     )
-    return Built(
-        tables, summary, [core, *gpu_checks(tables, lake, allow_fewer_rows, tally)], extra={"log": log}
-    )
+    checks = [core, *gpu_checks(tally, lake, allow_fewer_rows)]
+    return Built({}, summary, checks, extra={"log": log}, counts=dict(tally.counts))
 
 
 _HOUR_FIGURES = """
@@ -135,6 +134,7 @@ class RunTally:
     set, and a duplicate (uuid, gpu_instance, vgpu, ts) lies within one hour's partition."""
 
     def __init__(self) -> None:
+        self.counts: dict[str, int] = {}  # partition -> rows, in the order written
         self.rows, self.t0, self.t1 = 0, None, None
         self.util_out_of_range = self.temperature_out_of_range = self.util_nan = self.duplicate_keys = 0
         self.uuids: set[str] = set()
@@ -143,7 +143,15 @@ class RunTally:
         self.experiments: dict[str | None, list] = {}
         self.preview: list[pd.DataFrame] = []  # the run's first rows, in order
 
-    def add(self, table: pa.Table, con=None) -> None:
+    @staticmethod
+    def of(tables: dict[str, pa.Table]) -> RunTally:
+        tally = RunTally()
+        for key, table in tables.items():
+            tally.add(key, table)
+        return tally
+
+    def add(self, key: str, table: pa.Table, con=None) -> None:
+        self.counts[key] = table.num_rows
         if not table.num_rows:
             return
         with nullcontext(con) if con is not None else scratch() as db:
@@ -178,15 +186,7 @@ _PREVIEW_ROWS = 8
 _PREVIEW = "ts, node, gpu, gpu_instance, pod, experiment, util, util_basis, mem_used_bytes, power_watts"
 
 
-def _tally(tables: dict[str, pa.Table]) -> RunTally:
-    tally = RunTally()
-    for table in tables.values():
-        tally.add(table)
-    return tally
-
-
-def _gpu_summary(tables: dict[str, pa.Table], root: str, tally: RunTally | None = None) -> dict:
-    tally = tally or _tally(tables)
+def _gpu_summary(tally: RunTally, root: str) -> dict:
     per_exp = pd.DataFrame(
         [
             {
@@ -204,7 +204,7 @@ def _gpu_summary(tables: dict[str, pa.Table], root: str, tally: RunTally | None 
     )
     return {
         "dagster/row_count": tally.rows,
-        "partitions": ", ".join(tables),
+        "partitions": ", ".join(tally.counts),
         "time_range": f"{tally.t0} .. {tally.t1}" if tally.rows else "empty",
         "gpus": len(tally.uuids),
         "nodes": len(tally.nodes),
@@ -218,19 +218,19 @@ def _gpu_summary(tables: dict[str, pa.Table], root: str, tally: RunTally | None 
     }
 
 
-def gpu_checks(
-    tables: dict[str, pa.Table], lake: Lake, allow_fewer_rows: bool = False, tally: RunTally | None = None
-) -> list[Check]:
-    """values_in_range, unique_uuid_ts and not_empty_after_gpus over the run's partitions (`tally`: their
-    figures, summed as they were written)."""
-    tally = tally or _tally(tables)
+def gpu_checks(tally: RunTally, lake: Lake, allow_fewer_rows: bool = False) -> list[Check]:
+    """values_in_range, unique_uuid_ts and not_empty_after_gpus over the run's partitions, from their
+    figures summed as they were written (`tally`)."""
     empty_after_gpus = []
-    for key, table in tables.items():
-        if table.num_rows:
+    for key, rows in tally.counts.items():
+        if rows:
             continue
         prev_key = GPU_SAMPLES.key(datetime.strptime(key, "%Y-%m-%dT%H") - timedelta(hours=1))
-        prev = tables.get(prev_key) or lake.read_partition(GPU_SAMPLES, prev_key)
-        if prev is not None and prev.num_rows:
+        prev = tally.counts.get(prev_key)
+        if prev is None:  # the hour before is not of this run: as the lake has it
+            table = lake.read_partition(GPU_SAMPLES, prev_key, columns=["uuid"])
+            prev = table.num_rows if table is not None else 0
+        if prev:
             empty_after_gpus.append(key)
     bad = (tally.util_out_of_range, tally.temperature_out_of_range)
     return [

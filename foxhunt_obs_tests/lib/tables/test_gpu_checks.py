@@ -4,7 +4,7 @@ import pyarrow as pa
 
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.schemas import GPU_SAMPLES
-from foxhunt_obs.lib.tables.gpu import gpu_checks
+from foxhunt_obs.lib.tables.gpu import RunTally, gpu_checks
 
 
 def _rows(util, temp, uuids, ts):
@@ -22,7 +22,7 @@ T0 = datetime(2026, 11, 16, 1, tzinfo=timezone.utc)
 
 def test_checks_flag_out_of_range_values_and_duplicates(tmp_path):
     bad = _rows([0.5, 1.5, float("nan"), 0.2], [40, 40, 140, 40], ["a", "a", "b", "b"], [T0, T0, T0, T0])
-    results = {r.name: r for r in gpu_checks({"2026-11-16T01": bad}, Lake(str(tmp_path)))}
+    results = {r.name: r for r in gpu_checks(RunTally.of({"2026-11-16T01": bad}), Lake(str(tmp_path)))}
     assert not results["values_in_range"].passed
     assert results["values_in_range"].metadata["util_out_of_range"] == 1
     assert results["values_in_range"].metadata["temperature_out_of_range"] == 1
@@ -33,7 +33,7 @@ def test_checks_flag_out_of_range_values_and_duplicates(tmp_path):
 
 def test_checks_pass_on_clean_rows(tmp_path):
     good = _rows([0.0, 1.0, float("nan")], [30, 85, 50], ["a", "b", "c"], [T0, T0, T0])
-    assert all(r.passed for r in gpu_checks({"2026-11-16T01": good}, Lake(str(tmp_path))))
+    assert all(r.passed for r in gpu_checks(RunTally.of({"2026-11-16T01": good}), Lake(str(tmp_path))))
 
 
 def test_the_run_tally_summed_hour_by_hour_equals_the_whole_runs_figures(tmp_path):
@@ -42,7 +42,7 @@ def test_the_run_tally_summed_hour_by_hour_equals_the_whole_runs_figures(tmp_pat
     import duckdb
     import numpy as np
 
-    from foxhunt_obs.lib.tables.gpu import RunTally, _gpu_summary, gpu_checks
+    from foxhunt_obs.lib.tables.gpu import _gpu_summary
 
     rng = np.random.default_rng(3)
     tables = {}
@@ -62,11 +62,9 @@ def test_the_run_tally_summed_hour_by_hour_equals_the_whole_runs_figures(tmp_pat
             typ = GPU_SAMPLES.schema.field(name).type
             t = t.set_column(t.schema.get_field_index(name), name, col.dictionary_encode().cast(typ))
         tables[f"2026-11-16T{1 + h:02d}"] = t
-    tally = RunTally()
-    for t in tables.values():
-        tally.add(t)
-    checks = {c.name: c.metadata for c in gpu_checks(tables, Lake(str(tmp_path)), tally=tally)}
-    summary = _gpu_summary(tables, "lake", tally)
+    tally = RunTally.of(tables)
+    checks = {c.name: c.metadata for c in gpu_checks(tally, Lake(str(tmp_path)))}
+    summary = _gpu_summary(tally, "lake")
 
     con = duckdb.connect()
     con.register("t", pa.concat_tables(tables.values()))
