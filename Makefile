@@ -21,14 +21,15 @@ $(STAMP):
 	  .venv/bin/pip install -q -e '.[dev]' -e './exporter[dev,k8s]'; fi
 	rm -f .venv/.installed-* && touch $@
 
-# constraints/py<X.Y>.txt anew for python3's version: a throwaway venv resolved from pyproject.toml alone
+# constraints/py3.11.txt anew: a throwaway venv on the image's Python resolved from pyproject.toml alone,
+# with what `make install` installs
 constraints:
-	rm -rf .venv-constraints && python3 -m venv .venv-constraints
+	@command -v python3.11 >/dev/null || { echo "make constraints needs python3.11 (the image's Python)"; exit 1; }
+	rm -rf .venv-constraints && python3.11 -m venv .venv-constraints
 	.venv-constraints/bin/pip install -q --upgrade pip
 	.venv-constraints/bin/pip install -q -e '.[dev]' -e './exporter[dev,k8s]'
-	f=constraints/py$$(.venv-constraints/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])').txt; \
-	  { sed -n '/^#/p' constraints/py3.11.txt; .venv-constraints/bin/pip freeze --exclude-editable; } > $$f.new \
-	  && mv $$f.new $$f && echo "wrote $$f"
+	{ sed -n '/^#/p' constraints/py3.11.txt; .venv-constraints/bin/pip freeze --exclude-editable; } \
+	  > constraints/py3.11.txt.new && mv constraints/py3.11.txt.new constraints/py3.11.txt
 	rm -rf .venv-constraints
 
 prometheus:

@@ -205,3 +205,27 @@ def test_a_broken_overrides_file_does_not_stop_alerting(lake, tmp_path, monkeypa
     result = _alert_tick(definitions)
     assert "goes on with the catalog's own rules" in result.skip_message
     assert not result.skip_message.startswith("1 rules evaluated")  # every enabled rule of the catalog
+
+
+def test_an_alert_links_to_the_sensor_under_the_location_the_tick_runs_in(lake, slack, monkeypatch):
+    """The daemon names the code location as the deployment's workspace does (the Helm chart's, or
+    workspace.yaml's): the alert's link into the Dagster UI follows it, not a literal."""
+    from dagster._core.execution.build_resources import wrap_resources_for_execution
+    from dagster._core.remote_origin import RegisteredCodeLocationOrigin
+
+    monkeypatch.setenv("FOXHUNT_REPORT_SLACK_API_URL", slack.url + "/api/")
+    monkeypatch.setenv("FOXHUNT_ALERT_SLACK_CHANNEL", CHANNEL)
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+    monkeypatch.setenv("FOXHUNT_DAGSTER_URL", "https://dagster.example.com/")
+    definitions = defs()
+    with dg.SensorEvaluationContext(
+        instance_ref=None,
+        instance=dg.DagsterInstance.ephemeral(),
+        resources=wrap_resources_for_execution(definitions.resources),
+        sensor_name="alert_sensor",
+        code_location_origin=RegisteredCodeLocationOrigin("foxhunt prod/eu"),  # as the daemon passes it
+    ) as context:
+        assert "1 notified" in definitions.resolve_sensor_def("alert_sensor")(context).skip_message
+    [post] = slack.requests
+    link = "https://dagster.example.com/locations/foxhunt%20prod%2Feu/sensors/alert_sensor?rule=gpu_training_stall"
+    assert f"<{link}|" in post["params"]["text"], post["params"]["text"]

@@ -42,8 +42,9 @@ SENSOR = "alert_sensor"
 
 def alert_page(dagster_url: str, location: str = LOCATION) -> str:
     """The alert sensor's page in the Dagster UI: an alert's link back to what raised it. The code location's
-    name is the deployment's (the Helm chart's workspace names it), so the sensor passes its own."""
-    return f"{dagster_url.rstrip('/')}/locations/{quote(location)}/sensors/{SENSOR}"
+    name is the deployment's (the Helm chart's workspace names it), so the sensor passes its own; escaped as
+    the UI escapes it (encodeURIComponent: `/` too)."""
+    return f"{dagster_url.rstrip('/')}/locations/{quote(location, safe='')}/sensors/{SENSOR}"
 
 
 def notification(
