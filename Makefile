@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell cat pyproject.toml exporter/pyproject.toml constraints/*.txt | sha1sum | cut -c1-12)
+# what `make install` installs (and `make constraints` pins)
+PACKAGES := -e '.[dev]' -e './exporter[dev,k8s]'
 # the versions `make test` passed with, for the venv's Python (constraints/py3.11.txt): see its header
 CONSTRAINTS = constraints/py$$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])').txt
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -15,10 +17,9 @@ $(STAMP):
 	@command -v python3 >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3 python3-venv; }
 	@[ -x .venv/bin/pip ] || python3 -m venv .venv || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && python3 -m venv .venv; }
 	.venv/bin/pip install -q --upgrade pip
-	@c=$(CONSTRAINTS); if [ -f $$c ]; then echo "installing the tested versions ($$c)"; \
-	  .venv/bin/pip install -q -c $$c -e '.[dev]' -e './exporter[dev,k8s]'; \
-	else echo "no $$c: installing the newest versions pyproject.toml allows"; \
-	  .venv/bin/pip install -q -e '.[dev]' -e './exporter[dev,k8s]'; fi
+	@c=$(CONSTRAINTS); if [ -f $$c ]; then echo "installing the tested versions ($$c)"; pin="-c $$c"; \
+	else echo "no $$c: installing the newest versions pyproject.toml allows"; pin=; fi; \
+	.venv/bin/pip install -q $$pin $(PACKAGES)
 	rm -f .venv/.installed-* && touch $@
 
 # constraints/py3.11.txt anew: a throwaway venv on the image's Python resolved from pyproject.toml alone,
@@ -27,7 +28,7 @@ constraints:
 	@command -v python3.11 >/dev/null || { echo "make constraints needs python3.11 (the image's Python)"; exit 1; }
 	rm -rf .venv-constraints && python3.11 -m venv .venv-constraints
 	.venv-constraints/bin/pip install -q --upgrade pip
-	.venv-constraints/bin/pip install -q -e '.[dev]' -e './exporter[dev,k8s]'
+	.venv-constraints/bin/pip install -q $(PACKAGES)
 	{ sed -n '/^#/p' constraints/py3.11.txt; .venv-constraints/bin/pip freeze --exclude-editable; } \
 	  > constraints/py3.11.txt.new && mv constraints/py3.11.txt.new constraints/py3.11.txt
 	rm -rf .venv-constraints

@@ -147,27 +147,14 @@ def asset_day(client):
 def day_method(name: str, url: str, recorded: str, prometheus_pid: int | None = None) -> dict:
     """One asset-day method in this process; `recorded`: the JSON of ours' requests (record_requests);
     with prometheus_pid, the CPU Prometheus used over the same timed span."""
-    from functools import partial
-
     import foxhunt_obs.lib.tables.gpu  # noqa: F401 - the asset's module: what its process has loaded
-    from foxhunt_obs.lib.side_by_side import side_by_side
     from foxhunt_obs.lib.sources.prometheus import QUERIES_AT_ONCE, PrometheusClient
 
     extra: dict = {}
     prom0 = _process_cpu_s(prometheus_pid) if prometheus_pid else 0.0
     t0, cpu0 = time.perf_counter(), _cpu_s()
     if name.startswith("raw"):
-        client = PrometheusClient(url)
-        requests = json.loads(Path(recorded).read_text())
-
-        def download(path: str, params: dict) -> int:
-            size = [0]
-            # the client's own request code (deadline, streaming read), the body counted and dropped
-            client._send(path, params, lambda chunk: size.__setitem__(0, size[0] + len(chunk)), RuntimeError)
-            return size[0]
-
-        calls = [partial(download, path, params) for path, params in requests]
-        sizes = side_by_side(calls, 1 if name == "raw" else QUERIES_AT_ONCE)
+        sizes = replay(url, json.loads(Path(recorded).read_text()), 1 if name == "raw" else QUERIES_AT_ONCE)
         extra |= {"requests": len(sizes), "bytes": sum(sizes)}
         points = None
     else:
@@ -186,6 +173,24 @@ def day_method(name: str, url: str, recorded: str, prometheus_pid: int | None = 
         "peak_rss_mb": usage.ru_maxrss / 1024,
         **extra,
     }
+
+
+def replay(url: str, requests: list, at_once: int) -> list[int]:
+    """Send the recorded requests (record_requests) again, `at_once` at a time, through the client's own
+    request code (deadline, streaming read); each body counted and dropped. Returns the bodies' sizes."""
+    from functools import partial
+
+    from foxhunt_obs.lib.side_by_side import side_by_side
+    from foxhunt_obs.lib.sources.prometheus import PrometheusClient
+
+    client = PrometheusClient(url)
+
+    def download(path: str, params: dict) -> int:
+        size = [0]
+        client._send(path, params, lambda chunk: size.__setitem__(0, size[0] + len(chunk)), RuntimeError)
+        return size[0]
+
+    return side_by_side([partial(download, path, params) for path, params in requests], at_once)
 
 
 def _cpu_s() -> float:

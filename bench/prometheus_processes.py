@@ -25,13 +25,11 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
-from functools import partial
 from multiprocessing import forkserver
 from pathlib import Path
 
 import prometheus_ingest as bench
 
-from foxhunt_obs.lib.side_by_side import side_by_side
 from foxhunt_obs.lib.sources.prometheus import QUERIES_AT_ONCE, PrometheusClient
 
 ROUNDS = 5
@@ -67,20 +65,11 @@ class ProcessClient(PrometheusClient):
         return cpu
 
 
-def replay(url: str, requests: list) -> None:
-    client = PrometheusClient(url)
-
-    def download(path: str, params: dict) -> None:
-        client._send(path, params, lambda chunk: None, RuntimeError)
-
-    side_by_side([partial(download, path, params) for path, params in requests], 1)
-
-
 def one(method: str, url: str, requests: list) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds of this process and its workers, of the workers alone)."""
     cpu0, t0, workers_cpu = bench._cpu_s(), time.perf_counter(), 0.0
     if method == "raw":
-        replay(url, requests)
+        bench.replay(url, requests, 1)
     elif method == "threads":
         bench.asset_day(PrometheusClient(url))
     else:

@@ -28,9 +28,9 @@ def pins() -> dict[str, Version]:
 
 
 def installed_requirements() -> list[Requirement]:
-    """What `make install` asks pip for: each `-e '<dir>[<extras>]'` of its pip line, with the extras'
-    own references to the package (foxhunt_obs[deploy]) followed."""
-    line = next(x for x in (REPO / "Makefile").read_text().splitlines() if "pip install -q -c" in x)
+    """What `make install` asks pip for: each `-e '<dir>[<extras>]'` of the Makefile's PACKAGES, with the
+    extras' own references to the package (foxhunt_obs[deploy]) followed."""
+    line = next(x for x in (REPO / "Makefile").read_text().splitlines() if x.startswith("PACKAGES :="))
     targets = re.findall(r"-e '([^'\[]+)\[([^\]]*)\]'", line)
     assert [d for d, _ in targets] == [".", "./exporter"], line
     reqs: list[Requirement] = []

@@ -113,7 +113,7 @@ def gpu_samples(
 
 
 _HOUR_FIGURES = """
-SELECT count(*), min(ts), max(ts),
+SELECT min(ts), max(ts),
   -- NaN is a missing reading, not an out-of-range one (DuckDB orders NaN above every number)
   count(*) FILTER (WHERE NOT isnan(util) AND (util < 0 OR util > 1)),
   count(*) FILTER (WHERE NOT isnan(temp_celsius) AND (temp_celsius < -20 OR temp_celsius > 130)),
@@ -135,13 +135,17 @@ class RunTally:
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}  # partition -> rows, in the order written
-        self.rows, self.t0, self.t1 = 0, None, None
+        self.t0 = self.t1 = None
         self.util_out_of_range = self.temperature_out_of_range = self.util_nan = self.duplicate_keys = 0
         self.uuids: set[str] = set()
         self.nodes: set[str] = set()
         # experiment -> [GPU uuids, util sum, util count, util x GPU-seconds sum, its count]
         self.experiments: dict[str | None, list] = {}
         self.preview: list[pd.DataFrame] = []  # the run's first rows, in order
+
+    @property
+    def rows(self) -> int:
+        return sum(self.counts.values())
 
     @staticmethod
     def of(tables: dict[str, pa.Table]) -> RunTally:
@@ -157,7 +161,7 @@ class RunTally:
         with nullcontext(con) if con is not None else scratch() as db:
             db.register("t", table)
             try:
-                rows, t0, t1, bad_util, bad_temp, nan_util, dupes = db.execute(_HOUR_FIGURES).fetchone()
+                t0, t1, bad_util, bad_temp, nan_util, dupes = db.execute(_HOUR_FIGURES).fetchone()
                 for exp, uuids, util_sum, util_n, active, active_n in db.execute(
                     _HOUR_EXPERIMENTS
                 ).fetchall():
@@ -172,7 +176,6 @@ class RunTally:
                     self.preview.append(db.execute(f"SELECT {_PREVIEW} FROM t LIMIT {wanted}").fetch_df())
             finally:
                 db.unregister("t")
-        self.rows += rows
         self.t0 = t0 if self.t0 is None else min(self.t0, t0)
         self.t1 = t1 if self.t1 is None else max(self.t1, t1)
         self.util_out_of_range += bad_util
