@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 import numpy as np
 
-from foxhunt_obs.defs.failures import failure
 from foxhunt_obs.lib import tracing
 from foxhunt_obs.lib.analysis.prices import PriceError
 from foxhunt_obs.lib.delivery.pushgateway import PushgatewayError
@@ -19,6 +18,7 @@ from foxhunt_obs.lib.ingest.live_spend import LiveCostMissing
 from foxhunt_obs.lib.ingest.mig import MigError
 from foxhunt_obs.lib.ingest.untracked import UntrackedError
 from foxhunt_obs.lib.lake import LakeError
+from foxhunt_obs.lib.redact import scrub
 from foxhunt_obs.lib.sources.budgets import BudgetsError
 from foxhunt_obs.lib.sources.cost_explorer import CostExplorerError
 from foxhunt_obs.lib.sources.cur import CurError
@@ -48,6 +48,12 @@ EXPECTED_ERRORS = (
     CostExplorerError,
     BudgetsError,
 )
+
+
+def failure(e: BaseException, prefix: str = "") -> dg.Failure:
+    """A source's or the lake's error as a failed Dagster step: its text scrubbed of every configured secret
+    (lib/redact.py); raise it `from None`, so no chained exception carries the raw text into the event log."""
+    return dg.Failure(description=scrub(f"{prefix}{e}"))
 
 
 def metadata_value(value: object) -> dg.MetadataValue:
