@@ -8,6 +8,7 @@ Settings are read here and nowhere else outside the resources: config.py builds 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from datetime import datetime, timezone
@@ -64,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args = p.parse_args(argv)
     _progress_to_stderr()
+    if args.cmd in ("sandbox", "demo") and importlib.util.find_spec("foxhunt_obs.sandbox") is None:
+        # the code location's image leaves the sandbox out (deploy/dagster/Dockerfile.dockerignore)
+        print(f"foxhunt-obs {args.cmd}: the sandbox is not installed here (a production image carries the "
+              "code location only); run it from a clone of the repository", file=sys.stderr)
+        return 2
     if args.cmd == "sandbox":
         return sandbox(args)
     if args.cmd == "run":
