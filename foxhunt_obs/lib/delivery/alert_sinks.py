@@ -1,66 +1,11 @@
-"""Where alert notifications go (DESIGN §6): Alertmanager's v2 API, Slack, a signed JSON webhook, and the
-``alerts`` lake table. The anomaly sensors hand every firing/resolved *transition* to ``deliver_all``.
+"""Where alert notifications go: Alertmanager's v2 API, Slack, a signed JSON webhook, and the ``alerts`` lake
+table. The alert sensors hand every firing/resolved *transition* to each sink (lib/alerts/engine.py), and
+``deliver_all`` tries every configured sink in order, saying which accepted.
 
-Every sink is an ``AlertSink``: ``name`` (``alertmanager``, ``slack``, ``webhook``, ``lake``), ``target`` (its
-URL or channel, credentials cut out) and ``send(notifications, *, sent_to, deadline)``, which returns when
-the sink accepted all of them and raises ``AlertSinkError`` (naming the sink and its target, never a
-secret; the cause's traceback chain cut) when it did not. The engine and ``deliver_all`` call every sink
-so: ``sent_to`` the sinks that took the notifications already (the lake records them), ``deadline`` when
-the caller's time runs out (Slack stops between two messages then); a sink uses what it needs.
-``configured_sinks`` builds the configured ones (the ``alerting`` resource's Alertmanager URL, Slack
-channel and webhook URL; the lake sink always, last); ``deliver_all`` tries every sink, in order, and says
-which accepted. HTTP sinks: a bounded timeout, bounded retries on connection errors and 5xx (sending again
-is harmless everywhere: Alertmanager merges by label set, the lake de-duplicates, the webhook's body is the
-same bytes), a 4xx at once with the server's own message.
-
-**Alertmanager** (``POST {url}/api/v2/alerts``): one alert per notification; labels ``alertname`` (the rule
-id), ``severity``, ``foxhunt_fingerprint`` and the notification's labels (names made valid Prometheus label
-names; Alertmanager drops empty values itself); annotations ``summary``, ``description``, ``value``;
-``startsAt``; ``generatorURL`` (the Dagster UI link, left out unless http(s)).
-``endsAt``: a resolved notification sends its resolution time, and Alertmanager resolves the alert at once
-(it vanishes from ``GET /api/v2/alerts``). A firing one sends ``now + firing_ttl`` (default 24 h) rather
-than nothing: Alertmanager gives an alert without ``endsAt`` the cluster's ``resolve_timeout`` (default 5
-min) and then resolves it by itself, the Prometheus model where the sender re-sends every firing alert
-each minute. The sensors notify on transitions only, so omitting ``endsAt`` would show a still-firing
-alert as resolved (and tell a ``send_resolved`` receiver so) five minutes after it fired. The TTL bounds
-how long an alert outlives a dead sender. An alert firing longer than the TTL must be sent again (same
-notification, any time before it lapses: Alertmanager merges it, keeps the first ``startsAt``, notifies
-no one again). Alertmanager never re-opens a resolved alert from a re-sent resolution; it DOES re-open it
-from a later firing notification with the same labels, so a sender must never replay an old firing
-notification after its resolution.
-
-**Slack** (a ``slack_sdk`` WebClient from the caller: in Dagster the ``slack`` resource's, built by
-``slack_client.slack_web_client``; scope
-``chat:write``, the bot a member of the channel): one ``chat.postMessage`` per notification,
-🔥 firing / ✅ resolved, the summary, the labels, the value, a link into Dagster.
-
-**Webhook** (``FOXHUNT_ALERT_WEBHOOK_URL``, ``FOXHUNT_ALERT_WEBHOOK_SECRET``): ``POST`` of the JSON body
-``{"version": 1, "timestamp": <unix seconds>, "notifications": [...]}`` (each notification: rule,
-fingerprint, status, severity, labels, summary, description, value (null when not finite), starts_at,
-ends_at (ISO 8601 UTC, null while firing), generator_url), with headers
-``X-Foxhunt-Timestamp: <the same unix seconds>`` and
-``X-Foxhunt-Signature: sha256=<hex HMAC-SHA256 of the exact body bytes, keyed with the secret>``.
-To verify, on the receiving side::
-
-    import hashlib, hmac, json, time
-    raw = request.body                                   # the bytes as received: do not re-serialise
-    expected = "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, request.headers["X-Foxhunt-Signature"]):
-        reject(401)                                      # not from us, or altered on the way
-    payload = json.loads(raw)
-    if payload["version"] != 1 or str(payload["timestamp"]) != request.headers["X-Foxhunt-Timestamp"]:
-        reject(400)
-    if abs(time.time() - payload["timestamp"]) > 300:    # the timestamp is signed (it is in the body):
-        reject(401)                                      # an old body replayed later is refused
-    for n in payload["notifications"]: ...               # retries re-deliver: de-duplicate on
-                                                         # (fingerprint, status, starts_at)
-
-**Lake** (table ``alerts``, partition ``day`` of the transition time: ``starts_at`` when firing,
-``ends_at`` when resolved): one row per transition, ``sent_to`` the sinks that accepted it before the lake
-(``deliver_all`` passes them). A partition is one file, so the sink reads the day's partition, adds the
-rows, de-duplicates on (fingerprint, status, starts_at) (a retried delivery adds no row; it widens
-``sent_to``) and writes the partition back atomically. Writers on one machine take a file lock per lake
-root; writers on several machines sharing one lake could lose a row to each other (last write wins).
+Every sink is an ``AlertSink``: ``name``, ``target`` (its URL or channel, credentials cut out) and ``send``,
+which returns once the sink took all the notifications or raises ``AlertSinkError`` (never holding a
+secret). What each sink sends and why: docs/operating/alerts.md; the webhook's payload, headers, signature,
+retries and idempotency are a contract for receivers: docs/contracts/webhook.md.
 """
 
 from __future__ import annotations
@@ -88,6 +33,7 @@ from slack_sdk import WebClient
 
 from foxhunt_obs.lib.delivery.errors import failure_text, scrub_secrets
 from foxhunt_obs.lib.delivery.slack_client import slack_error_text
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.lake import Lake, LakeError
 from foxhunt_obs.lib.redact import mask_path_tokens, remember
 from foxhunt_obs.lib.schemas import ALERTS
@@ -124,7 +70,7 @@ class Notification:
     links: dict[str, str] = field(default_factory=dict)
 
 
-class AlertSinkError(RuntimeError):
+class AlertSinkError(InputError, RuntimeError):
     """A sink did not accept the notifications. The message names the sink and its target (URL without
     credentials or query, or the channel) and never holds a secret."""
 
@@ -473,7 +419,7 @@ def sign(secret: str, body: bytes) -> str:
 
 
 class WebhookSink:
-    """``POST`` of the signed JSON body described in the module docstring."""
+    """``POST`` of the signed JSON body of docs/contracts/webhook.md."""
 
     name = "webhook"
 

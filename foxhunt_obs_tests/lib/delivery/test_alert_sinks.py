@@ -265,7 +265,7 @@ def test_webhook_body_is_signed_with_the_secret(receiver, caplog, capsys):
     [req] = receiver.requests
     raw, headers = req["body"], req["headers"]
     assert req["path"] == "/hooks/foxhunt" and headers["Content-Type"] == "application/json"
-    # the recipe of the module docstring
+    # the recipe of docs/contracts/webhook.md
     expected = "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
     assert hmac.compare_digest(expected, headers["X-Foxhunt-Signature"])
     payload = json.loads(raw)
