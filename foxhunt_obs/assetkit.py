@@ -11,43 +11,10 @@ import dagster as dg
 import numpy as np
 
 from foxhunt_obs.lib import tracing
-from foxhunt_obs.lib.analysis.prices import PriceError
-from foxhunt_obs.lib.delivery.pushgateway import PushgatewayError
-from foxhunt_obs.lib.ingest.gpu_series import IngestError
-from foxhunt_obs.lib.ingest.live_spend import LiveCostMissing
-from foxhunt_obs.lib.ingest.mig import MigError
-from foxhunt_obs.lib.ingest.untracked import UntrackedError
-from foxhunt_obs.lib.lake import LakeError
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.redact import scrub
-from foxhunt_obs.lib.sources.budgets import BudgetsError
-from foxhunt_obs.lib.sources.cost_explorer import CostExplorerError
-from foxhunt_obs.lib.sources.cur import CurError
-from foxhunt_obs.lib.sources.ec2 import Ec2Error
-from foxhunt_obs.lib.sources.fsx import FsxSourceError
-from foxhunt_obs.lib.sources.mlflow import MlflowSourceError
-from foxhunt_obs.lib.sources.prometheus import PrometheusError
-from foxhunt_obs.lib.tables import Built, LakePath, Markdown, MissingInput
-from foxhunt_obs.lib.tables.gpu import FewerRows
-
-# what a table function may raise that is the input's fault, not a bug: shown as the step's failure
-EXPECTED_ERRORS = (
-    LiveCostMissing,
-    UntrackedError,
-    Ec2Error,
-    PushgatewayError,
-    LakeError,
-    PriceError,
-    MissingInput,
-    PrometheusError,
-    MigError,
-    IngestError,
-    FewerRows,
-    FsxSourceError,
-    MlflowSourceError,
-    CurError,
-    CostExplorerError,
-    BudgetsError,
-)
+from foxhunt_obs.lib.schemas import TableSpec
+from foxhunt_obs.lib.tables import Built, LakePath, Markdown
 
 
 def failure(e: BaseException, prefix: str = "") -> dg.Failure:
@@ -83,7 +50,7 @@ def build(fn: Callable[..., Built], *args, **kwargs) -> Built:
             if isinstance(built, Built):  # build() also wraps loaders (load_price_table)
                 tracing.set_attributes(span, _summary_attributes(built))
             return built
-    except EXPECTED_ERRORS as e:
+    except InputError as e:  # the input's fault (lib/errors.py): its message, no traceback
         raise failure(e) from None
     finally:
         if run_id:  # a Dagster step: its process may exit next (at most FLUSH_S with a collector down)
@@ -141,3 +108,30 @@ def log(context, built: Built) -> None:
     """The table function's log lines (extra["log"]: (level, text)) into the run's log."""
     for level, text in built.extra.get("log", ()):
         getattr(context.log, level)(text)
+
+
+# Definition metadata of a lake asset: the names of the lake tables it writes, its own table first.
+LAKE_TABLES = "foxhunt/lake_tables"
+
+
+def column_schema(spec: TableSpec) -> dg.TableSchema:
+    """A lake table's columns as Dagster shows them (the asset's Columns tab): name, the Arrow type as
+    text, and the column's note from its TableSpec."""
+    return dg.TableSchema(
+        columns=[dg.TableColumn(f.name, str(f.type), spec.columns.get(f.name)) for f in spec.schema]
+    )
+
+
+def writes(table: TableSpec, *also: TableSpec, does: str = "") -> dict[str, object]:
+    """The description and definition metadata of an asset that writes lake table `table` (and the tables
+    in `also`), for `@dg.asset(**writes(...))`: the description is each table's text from lib/schemas.py,
+    then `does`, a sentence on what the asset itself does; the metadata holds its table's columns
+    (`dagster/column_schema`, shown before any run) and the tables' names."""
+    parts = [table.doc, *(f"Also writes {t.name}: {t.doc}" for t in also), does]
+    return {
+        "description": " ".join(p.strip() for p in parts if p.strip()),
+        "metadata": {
+            "dagster/column_schema": column_schema(table),
+            LAKE_TABLES: dg.MetadataValue.json([t.name for t in (table, *also)]),
+        },
+    }

@@ -1,6 +1,7 @@
 """assetkit: a table function's Built as the asset's metadata and checks, its expected errors as one
 scrubbed Failure; and a table function on an empty lake says what is missing."""
 
+import ast
 import math
 from datetime import date
 
@@ -10,9 +11,11 @@ import pytest
 
 from foxhunt_obs import assetkit
 from foxhunt_obs.lib.delivery.send import ReportDelivery
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.lake import Lake
 from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInput
 from foxhunt_obs.lib.tables.weekly import weekly_cost_report
+from foxhunt_obs_tests.paths import REPO
 
 
 def test_a_built_is_the_assets_metadata_then_its_checks():
@@ -51,3 +54,52 @@ def test_a_week_with_no_tables_fails_saying_what_to_run(tmp_path):
         weekly_cost_report(lake, date(2026, 11, 16), "util", ReportDelivery())
     with pytest.raises(dg.Failure, match="materialize the week's cost_allocation and utilization_per_dollar"):
         assetkit.build(weekly_cost_report, lake, date(2026, 11, 16), "util", ReportDelivery())
+
+
+def test_an_input_error_subclass_is_a_failed_step_without_touching_assetkit(monkeypatch):
+    """Any InputError, even one declared after assetkit was imported, fails the step with its message
+    scrubbed of a configured secret and no chained cause; any other exception stays a bug, traceback and all."""
+    monkeypatch.setenv("FOXHUNT_PROMETHEUS_BEARER_TOKEN", "xoxb-not-a-real-token-42")
+
+    class TomorrowsSourceError(InputError, RuntimeError):
+        pass
+
+    def table_function():
+        raise TomorrowsSourceError("tomorrow's source refused xoxb-not-a-real-token-42: check its URL")
+
+    with pytest.raises(dg.Failure) as failed:
+        assetkit.build(table_function)
+    assert failed.value.description == "tomorrow's source refused ***: check its URL"
+    assert failed.value.__cause__ is None and failed.value.__suppress_context__
+
+    def buggy_table_function():
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError, match="a bug"):
+        assetkit.build(buggy_table_function)
+
+
+# lib/ errors that are the code's own fault (a TableSpec Athena cannot declare), or no error at all
+NOT_AN_INPUTS_FAULT = {"DdlError", "_AwsError"}
+
+
+def test_every_error_class_in_lib_is_an_input_error():
+    """Each `class ...Error` (and MissingInput, FewerRows, LiveCostMissing) declared in foxhunt_obs/lib
+    derives from InputError, so assetkit needs no list of them."""
+    import importlib
+
+    checked = []
+    for path in sorted((REPO / "foxhunt_obs" / "lib").rglob("*.py")):
+        module = None
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.ClassDef) or node.name in NOT_AN_INPUTS_FAULT:
+                continue
+            bases = {ast.unparse(b) for b in node.bases}
+            if not any(b.endswith(("Error", "Exception")) or b == "InputError" for b in bases):
+                continue
+            dotted = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+            module = module or importlib.import_module(dotted)
+            cls = getattr(module, node.name)
+            assert issubclass(cls, InputError), f"{dotted}.{node.name} is no InputError (lib/errors.py)"
+            checked.append(node.name)
+    assert {"MissingInput", "FewerRows", "LakeError", "PrometheusError", "MlflowSourceError"} <= set(checked)

@@ -34,6 +34,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.schemas import TABLES, TableSpec
 from foxhunt_obs.lib.settings import default
 
@@ -45,7 +46,7 @@ ROW_GROUP_SIZE = 256 * 1024
 FOOTER_PREFIX = b"foxhunt."  # the keys of the tables a writer keeps in a partition's footer
 
 
-class LakeError(Exception):
+class LakeError(InputError):
     """Any lake failure; the message names the lake root, the table and the partition."""
 
 

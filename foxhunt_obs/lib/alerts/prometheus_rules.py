@@ -24,6 +24,7 @@ import string
 import yaml
 
 from foxhunt_obs.lib.alerts.rules import Rule, alert_name, format_duration, threshold_display
+from foxhunt_obs.lib.errors import InputError
 
 __all__ = [
     "TemplateConversionError",
@@ -51,7 +52,7 @@ DERIVED = {
 _SPEC = re.compile(r"(?P<comma>,)?(?:\.(?P<precision>\d+))?(?P<type>[fFeEgGd%])?")
 
 
-class TemplateConversionError(ValueError):
+class TemplateConversionError(InputError, ValueError):
     """A summary or description that has no Prometheus template equivalent."""
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.yaml_text import load_yaml
 
 SEVERITIES = ("critical", "warning", "info")
@@ -43,7 +44,7 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
-class RuleCatalogError(ValueError):
+class RuleCatalogError(InputError, ValueError):
     """A bad rule catalog or overrides file; the message names the file and the rule."""
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.settings import default
 from foxhunt_obs.lib.yaml_text import load_yaml
 
@@ -21,7 +22,7 @@ PRICES_FILE = Path(__file__).resolve().parents[2] / "data" / "prices.yaml"
 UNITS = ("hour", "GB-month")
 
 
-class PriceError(ValueError):
+class PriceError(InputError, ValueError):
     """A malformed price table, or a price it does not have."""
 
 

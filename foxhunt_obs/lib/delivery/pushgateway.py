@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.exposition import basic_auth_handler, default_handler, push_to_gateway
 
 from foxhunt_obs.lib.delivery.errors import scrub_secrets
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.names import EFFECTIVE_PRICE_METRIC
 from foxhunt_obs.lib.redact import redact_url, scrub, split_userinfo
 
@@ -40,7 +41,7 @@ EFFECTIVE_LABELS = ("price_region", "instance_type", "bill_day")
 DEFAULT_JOB = "foxhunt_obs_spend"
 
 
-class PushgatewayError(RuntimeError):
+class PushgatewayError(InputError, RuntimeError):
     """A push that did not land: the gateway is unreachable, too slow, or refused the figures."""
 
 

@@ -39,6 +39,7 @@ from slack_sdk import WebClient
 from foxhunt_obs.lib import settings
 from foxhunt_obs.lib.delivery.errors import failure_text
 from foxhunt_obs.lib.delivery.slack_client import slack_error_text
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.redact import remember
 from foxhunt_obs.lib.report.formatting import NO_VALUE, money, pct
 from foxhunt_obs.lib.report.model import Report
@@ -50,7 +51,7 @@ TIMEOUT_S = 30.0  # one SMTP socket operation (Slack's: slack_client.TIMEOUT_S)
 SLACK_SCOPES = ("chat:write", "files:write")  # the bot's, named when Slack answers missing_scope
 
 
-class DeliveryError(RuntimeError):
+class DeliveryError(InputError, RuntimeError):
     """One or more sinks failed. ``failures``: sink -> message (server or channel named, no secret);
     ``delivered``: what did go out before or despite the failure (the same strings ``deliver`` returns)."""
 

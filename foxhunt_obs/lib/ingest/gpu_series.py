@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from foxhunt_obs.lib.duck import scratch
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.ingest.metric_catalog import (
     TARGET_LABELS,
     Catalog,
@@ -138,7 +139,7 @@ def gather_gpu_samples(
     return build
 
 
-class IngestError(ValueError):
+class IngestError(InputError, ValueError):
     """Series that cannot be turned into rows; the message names the query and the partition."""
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient, iso
 
 COST = "foxhunt:experiment_cost:usd_per_hour"
@@ -36,7 +37,7 @@ NODE_COST = "foxhunt:node_cost:usd_per_hour"
 RULES_FILE = "deploy/prometheus/foxhunt-cost-rules.yaml"
 
 
-class LiveCostMissing(RuntimeError):
+class LiveCostMissing(InputError, RuntimeError):
     """The live cost series are not there to answer: the message names the Prometheus (credentials
     scrubbed), the query, the window and what to do."""
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.yaml_text import load_yaml
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "metric_catalog.yaml"
@@ -21,7 +22,7 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 _SELECTOR = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*(=|!=|=~|!~)"[^"]*",?)*\})?$')
 
 
-class CatalogError(ValueError):
+class CatalogError(InputError, ValueError):
     pass
 
 

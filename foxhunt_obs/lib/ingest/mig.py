@@ -10,13 +10,14 @@ import re
 from functools import cache
 from pathlib import Path
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.yaml_text import load_yaml
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "mig_profiles.yaml"
 _PROFILE = re.compile(r"^(\d+)g\.")  # "3g.40gb", "1g.10gb+me"
 
 
-class MigError(ValueError):
+class MigError(InputError, ValueError):
     """A MIG profile or GPU model whose share cannot be known: the message names both and the data file."""
 
 

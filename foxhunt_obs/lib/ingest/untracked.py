@@ -20,6 +20,7 @@ from datetime import datetime
 import pandas as pd
 
 from foxhunt_obs.lib.analysis.prices import PriceError, PriceTable, load_price_table
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.sources.ec2 import Ec2Instance, Ec2Inventory, instance_id_of
 
 NODE_LOOKBACK = "15m"
@@ -48,7 +49,7 @@ COLUMNS = (
 )
 
 
-class UntrackedError(RuntimeError):
+class UntrackedError(InputError, RuntimeError):
     """The cluster's nodes could not be told: no kube_node_info series."""
 
 

@@ -13,6 +13,7 @@ from datetime import date, datetime, time, timedelta, timezone
 
 import pandas as pd
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.names import CLUSTER_IDLE, SHARED_COST_POLICY, UNATTRIBUTED
 from foxhunt_obs.lib.settings import default
 from foxhunt_obs.lib.tracing import LinkTemplates
@@ -70,7 +71,7 @@ def _web(url: str) -> str:
     return url if re.match(r"https?://", url) else ""
 
 
-class ReportDataError(ValueError):
+class ReportDataError(InputError, ValueError):
     """The report's input frames do not fit the contract; the message names the frame and the columns."""
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 from botocore.exceptions import BotoCoreError, ClientError
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.schemas import BUDGETS
 
 SOURCE = "budgets"
@@ -21,7 +22,7 @@ FORECAST_SOURCE = "ce_forecast"
 FORECAST_NAME = "Cost Explorer forecast"
 
 
-class BudgetsError(RuntimeError):
+class BudgetsError(InputError, RuntimeError):
     """A failed or unreadable Budgets answer; the message names the call, account and partition."""
 
 

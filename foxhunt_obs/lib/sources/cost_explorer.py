@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 from botocore.exceptions import BotoCoreError, ClientError
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.schemas import COSTS_DAILY
 from foxhunt_obs.lib.settings import cost_tags, default
 from foxhunt_obs.lib.sources.aws import product_code
@@ -45,7 +46,7 @@ _DEFAULT_TAGS = cost_tags(default("FOXHUNT_COST_TAGS"))
 USD_PER_CALL = 0.01  # Cost Explorer's API price per request (every page is a request)
 
 
-class CostExplorerError(RuntimeError):
+class CostExplorerError(InputError, RuntimeError):
     """A failed or inconsistent Cost Explorer answer; the message names the call, window and partition."""
 
 

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from botocore.exceptions import BotoCoreError, ClientError
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.schemas import COSTS_HOURLY, TS
 from foxhunt_obs.lib.settings import cost_tags, default
 from foxhunt_obs.lib.sources.aws import tag_column
@@ -85,7 +86,7 @@ OPTIONAL = (
 )
 
 
-class CurError(RuntimeError):
+class CurError(InputError, RuntimeError):
     """Unreadable CUR data; the message names the S3 object (and row and column where there is one)."""
 
 

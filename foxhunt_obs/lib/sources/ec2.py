@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.redact import scrub
 
 BILLED_STATES = ("pending", "running")
@@ -22,7 +23,7 @@ PAGE_SIZE = 1000  # describe_instances' MaxResults limit
 _PROVIDER_ID = re.compile(r"^aws://(?:/[^/]*)?/(i-[0-9a-f]+)$")
 
 
-class Ec2Error(RuntimeError):
+class Ec2Error(InputError, RuntimeError):
     """A region whose instances could not be listed."""
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 from botocore.exceptions import BotoCoreError, ClientError
 
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.schemas import FSX_METRICS
 from foxhunt_obs.lib.yaml_text import load_yaml
 
@@ -57,7 +58,7 @@ class FsxMetricList:
     metrics: tuple[FsxMetric, ...]  # one entry per (metric, statistic), in the file's order
 
 
-class FsxSourceError(RuntimeError):
+class FsxSourceError(InputError, RuntimeError):
     """A failed read; the message names the endpoint, the call, the file system, metric, statistic, window
     and partition, and AWS's own error text (never credentials)."""
 

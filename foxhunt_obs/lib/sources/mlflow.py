@@ -38,6 +38,7 @@ import pyarrow as pa
 import requests
 
 from foxhunt_obs.lib import tracing
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.redact import redact_url, remember, scrub
 
 # Databricks rejects get-history pages above 25,000; the OSS server takes any size (1e10 tried) but
@@ -64,7 +65,7 @@ HISTORY_SCHEMA = pa.schema(
 _SORT = [("run_id", "ascending"), ("key", "ascending"), ("step", "ascending"), ("ts", "ascending")]
 
 
-class MlflowSourceError(RuntimeError):
+class MlflowSourceError(InputError, RuntimeError):
     """A failed call; the message names the tracking URI (never credentials), the call, the HTTP status
     and MLflow's own error text."""
 

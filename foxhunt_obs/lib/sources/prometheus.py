@@ -31,6 +31,7 @@ import requests
 import urllib3
 
 from foxhunt_obs.lib import tracing
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.redact import redact_url, remember, scrub, split_userinfo
 
 # Requests one client sends side by side (the ingest's queries of an hour, the alert tick's rules): Prometheus
@@ -100,7 +101,7 @@ _HINTS = {
 }
 
 
-class PrometheusError(RuntimeError):
+class PrometheusError(InputError, RuntimeError):
     """A failed request; the message names the URL, query, window, step and Prometheus's own error."""
 
 

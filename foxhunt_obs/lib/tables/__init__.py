@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow as pa
 
+from foxhunt_obs.lib.errors import InputError
+
 
 class Markdown(str):
     """Metadata shown as Markdown (a table, or a word such as 'none')."""
@@ -18,7 +20,7 @@ class LakePath(str):
     """Metadata shown as a path (a file the run wrote to the lake)."""
 
 
-class MissingInput(ValueError):
+class MissingInput(InputError, ValueError):
     """A table's inputs are not there yet (an upstream partition was never materialized): the message says
     which and what to run."""
 

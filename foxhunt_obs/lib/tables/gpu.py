@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 
 from foxhunt_obs.lib.duck import scratch
+from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.ingest.gpu_series import (
     Window,
     collect_node_samples,
@@ -30,7 +31,7 @@ from foxhunt_obs.lib.tables import Built, Check, LakePath, Markdown, MissingInpu
 from foxhunt_obs.lib.tables.gpu_hour_parts import write_gpu_samples
 
 
-class FewerRows(ValueError):
+class FewerRows(InputError, ValueError):
     """The source answered with far fewer GPUs or nodes than the partition has: not replaced."""
 
 
