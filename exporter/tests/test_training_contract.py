@@ -1,4 +1,4 @@
-"""The trainers' metrics library against the training metric contract in deploy/grafana/README.md (parsed,
+"""The trainers' metrics library against the training metric contract in docs/contracts/trainers.md (parsed,
 not copied), and the fold rules it states: every series from the fold's start, active workers 0 and progress
 1 at its end, series kept; registration that never clashes; bad figures refused with a clear error."""
 
@@ -18,13 +18,13 @@ from foxhunt_gpu_exporter import training
 from foxhunt_gpu_exporter.training.contract import CONTRACT
 from prometheus_client.parser import text_string_to_metric_families
 
-README = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "contracts" / "trainers.md"
 ROW = re.compile(r"^\| `(foxhunt_training_\w+)` \| (\w+) \| ([\w, ]+) \| (.*) \|$", re.M)
 
 
 @pytest.fixture(scope="module")
 def documented() -> dict[str, dict]:
-    """name -> {kind, labels, buckets} from the contract table (the README beside the dashboards)."""
+    """name -> {kind, labels, buckets} from the contract table (docs/contracts/trainers.md)."""
     if not README.exists():
         pytest.skip(f"{README} not here (the exporter outside its repository)")
     rows = {}

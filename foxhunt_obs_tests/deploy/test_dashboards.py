@@ -17,6 +17,7 @@ from foxhunt_obs.sandbox.servers.prometheus import PROMTOOL, PrometheusServer
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "deploy" / "grafana"
+TRAINERS_CONTRACT = REPO / "docs" / "contracts" / "trainers.md"
 RULES_FILE = REPO / "deploy" / "prometheus" / "foxhunt-recording-rules.yaml"
 COCKPIT = "training-cockpit.json"
 FLEET = "gpu-fleet.json"
@@ -141,10 +142,10 @@ def variables(board: dict) -> dict[str, dict]:
 
 
 def contract() -> dict[str, str]:
-    """The training metric contract: name -> type, from deploy/grafana/README.md's table."""
+    """The training metric contract: name -> type, from docs/contracts/trainers.md's table."""
     rows = re.findall(
         r"^\| `(foxhunt_training_\w+)` \| (gauge|counter|histogram) \| model, fold \|",
-        (GRAFANA / "README.md").read_text(),
+        TRAINERS_CONTRACT.read_text(),
         flags=re.M,
     )
     return dict(rows)
@@ -293,7 +294,7 @@ def test_gpu_panels_query_recording_rules_not_exporter_names(name):
 
 def test_training_contract_is_documented_and_fully_used():
     documented = contract()
-    assert len(documented) >= 19, "deploy/grafana/README.md's contract table did not parse"
+    assert len(documented) >= 19, "docs/contracts/trainers.md's contract table did not parse"
     allowed = set().union(*(contract_series(n, k) for n, k in documented.items()))
     used = set().union(*(metric_names(e) for _, e in queries(load(COCKPIT))))
     training = {m for m in used if m.startswith("foxhunt_training_")}

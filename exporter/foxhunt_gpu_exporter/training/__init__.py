@@ -1,5 +1,5 @@
-"""What an RL trainer imports to feed the training cockpit (seed 003; the contract is deploy/grafana/README.md,
-"Training metric contract"). No Dagster, no foxhunt_obs: prometheus_client and the exporter's NVML backend;
+"""What an RL trainer imports to feed the training cockpit (the contract is
+docs/contracts/trainers.md). No Dagster, no foxhunt_obs: prometheus_client and the exporter's NVML backend;
 mlflow and opentelemetry only when installed and configured.
 
     from foxhunt_gpu_exporter import training

@@ -1,9 +1,9 @@
-"""The training metric contract (deploy/grafana/README.md, "Training metric contract"), as data.
+"""The training metric contract (docs/contracts/trainers.md), as data.
 
 One row per metric a training process exposes: name as exposed (counters end in _total), type, help,
 histogram buckets, and whether it is a fold-level figure (rank 0 only when several processes share a
 fold, since panels take `max by (model, fold)`) or a per-process one (panels `sum by (model, fold)`).
-exporter/tests/test_training_contract.py parses the README's table and holds this one to it.
+exporter/tests/test_training_contract.py parses the page's table and holds this one to it.
 """
 
 from __future__ import annotations

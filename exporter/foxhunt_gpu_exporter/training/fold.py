@@ -1,6 +1,6 @@
 """One fold of training as the contract sees it: what a trainer calls, and the rules it follows.
 
-Rules (deploy/grafana/README.md, "Rules for implementers"): every series of the fold exists from its start
+Rules (docs/contracts/trainers.md, "Rules for implementers"): every series of the fold exists from its start
 (gauges at their first value, counters at 0), so rate()/increase() see the first event and panels show the
 fold at once; at its end active_workers is 0 and, on success, progress is 1; series stay until the process
 exits. Gauges with no value yet (a loss before the first epoch ends, a checkpoint before the first save)
