@@ -87,7 +87,7 @@ def alert_sensor(
     alerting: AlertingResource,
 ):
     from foxhunt_obs.lib.alerts.engine import LOCATION, tick
-    from foxhunt_obs.lib.alerts.rules import load_rules_or_last_good
+    from foxhunt_obs.lib.alerts.rules import load_rules_or_last_good, training_refresh_rules
 
     store = lake.lake()
     rules, rules_error = load_rules_or_last_good(overrides=alerting.rules_file)
@@ -120,8 +120,9 @@ def alert_sensor(
     for n in report.sent:
         context.log.info(f"alert {n.status}: {n.rule} {n.summary}")
     context.update_cursor(cursor)
-    # a training alert makes today's training_health worth refreshing
-    if any(n.rule in ("nan_loss", "success_rate_drop", "entropy_collapse") for n in report.sent):
+    # a training alert makes today's training_health worth refreshing (rules with refreshes_training)
+    refreshing = training_refresh_rules(rules)
+    if any(n.rule in refreshing for n in report.sent):
         today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
         return dg.SensorResult(
             run_requests=[dg.RunRequest(job_name="training_job", partition_key=today, run_key=None)]

@@ -37,7 +37,7 @@ DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "alert_rules.yaml"
 OVERRIDES_ENV = "FOXHUNT_ALERT_RULES"
 
 _REQUIRED = ("id", "severity", "source", "for", "thresholds", "key", "summary", "description")
-_OPTIONAL = ("labels", "promql", "enabled", "select", "budgets")
+_OPTIONAL = ("labels", "promql", "enabled", "select", "budgets", "refreshes_training")
 _OVERRIDABLE = ("thresholds", "for", "severity", "enabled", "select", "budgets")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
@@ -163,6 +163,7 @@ class Rule:
     enabled: bool = True
     select: dict[str, str] = field(default_factory=dict)  # label -> regex a finding's label must fullmatch
     budgets: dict[str, float] = field(default_factory=dict)  # budget_burn: experiment -> monthly limit $
+    refreshes_training: bool = False  # its notification makes the alert sensor refresh today's training_job
 
     __hash__ = None  # dict fields: not hashable; compare by value
 
@@ -207,6 +208,12 @@ def load_rules(path: Path | None = None, overrides: Path | str | None = None) ->
     path = Path(path) if path is not None else DEFAULT_PATH
     extra = Path(overrides) if overrides is not None and str(overrides).strip() else None
     return list(_load_rules(path, _version(path), extra, _version(extra) if extra else None))
+
+
+def training_refresh_rules(rules: list[Rule]) -> frozenset[str]:
+    """The ids of the rules (`refreshes_training: true`) whose notifications make today's training_health
+    worth refreshing: the alert sensor then requests training_job for today."""
+    return frozenset(r.id for r in rules if r.refreshes_training)
 
 
 _LAST_GOOD: dict[str, list[Rule]] = {}  # overrides file -> the rules it last gave
@@ -318,6 +325,9 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
         raise fail("enabled must be true or false")
     select = _select(raw.get("select"), fail)
     budgets = _budgets(raw.get("budgets"), fail)
+    refreshes_training = raw.get("refreshes_training", False)
+    if not isinstance(refreshes_training, bool):
+        raise fail("refreshes_training must be true or false")
     promql = raw.get("promql")
     if promql is not None and select:
         raise fail("select is for rules evaluated in Python; a promql rule says it in its PromQL")
@@ -341,6 +351,7 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
         enabled=enabled,
         select=select,
         budgets=budgets,
+        refreshes_training=refreshes_training,
     )
     _check_expr(rule, fail)
     return rule

@@ -17,7 +17,7 @@ from foxhunt_obs.lib.alerts import (
     load_rules,
     parse_duration,
 )
-from foxhunt_obs.lib.alerts.rules import DEFAULT_PATH
+from foxhunt_obs.lib.alerts.rules import DEFAULT_PATH, training_refresh_rules
 
 
 @pytest.fixture(autouse=True)
@@ -223,6 +223,16 @@ def test_a_minimal_rule_loads(tmp_path):
     assert rule.alertname == "hot_gpu"  # as the Alertmanager sink names it
 
 
+def test_the_rules_that_refresh_training_are_data(tmp_path):
+    """The alert sensor refreshes today's training_health on a notification of the rules flagged
+    refreshes_training in the catalog: the MLflow training-health rules, and any rule a catalog flags."""
+    assert training_refresh_rules(load_rules()) == {"nan_loss", "success_rate_drop", "entropy_collapse"}
+    flagged = {**GOOD, "id": "hot_trainer", "refreshes_training": True}
+    rules = load_rules(catalog(tmp_path, GOOD, flagged), overrides="")
+    assert [r.refreshes_training for r in rules] == [False, True]
+    assert training_refresh_rules(rules) == {"hot_trainer"}
+
+
 def test_promql_keeps_non_placeholder_dollars(tmp_path):
     promql = 'label_replace(up, "node", "$1", "instance", "(.+)") > ${t} and up > $$5'
     (rule,) = load_rules(catalog(tmp_path, {**GOOD, "promql": promql}), overrides="")
@@ -250,6 +260,7 @@ def test_promql_keeps_non_placeholder_dollars(tmp_path):
         ({"summary": ""}, "summary"),
         ({"summary": "{node"}, "str.format"),
         ({"enabled": "yes"}, "enabled"),
+        ({"refreshes_training": "yes"}, "refreshes_training"),
         ({"promql": ""}, "promql"),
     ],
 )
