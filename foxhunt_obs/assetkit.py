@@ -131,7 +131,7 @@ def writes(table: TableSpec, *also: TableSpec, does: str = "") -> dict[str, obje
     return {
         "description": " ".join(p.strip() for p in parts if p.strip()),
         "metadata": {
-            "dagster/column_schema": column_schema(table),
+            "dagster/column_schema": dg.MetadataValue.table_schema(column_schema(table)),
             LAKE_TABLES: dg.MetadataValue.json([t.name for t in (table, *also)]),
         },
     }

@@ -19,6 +19,7 @@ from foxhunt_obs.defs.resources import (
     LakeResource,
     PrometheusResource,
 )
+from foxhunt_obs.lib import schemas
 from foxhunt_obs.lib.tables import costs as tables
 from foxhunt_obs.lib.tables import spend
 
@@ -28,9 +29,10 @@ from foxhunt_obs.lib.tables import spend
     backfill_policy=dg.BackfillPolicy.single_run(),  # a month's CUR files are read once per run
     group_name="costs",
     kinds={"aws", "s3", "parquet"},
-    description=(
-        "CUR 2.0 (Data Exports) line items per resource-hour from the newest manifest of each billing "
-        "period, tags normalised. Empty until an export's manifest exists."
+    **assetkit.writes(
+        schemas.COSTS_HOURLY,
+        does="Read from the CUR 2.0 (Data Exports) files of each billing period's newest manifest; empty "
+        "until an export's manifest exists.",
     ),
 )
 def costs_hourly(
@@ -64,10 +66,10 @@ def costs_hourly(
             description="a warning when the price table's newest row is older than its max_age_days (90)",
         ),
     ],
-    description=(
-        "Daily cost by source (ce = Cost Explorer, cur = CUR 2.0, estimate = price table × node-hours from "
-        "node_samples and FSx storage-hours from fsx_metrics), project/environment/experiment tag, service "
-        "and resource."
+    **assetkit.writes(
+        schemas.COSTS_DAILY,
+        does="ce from Cost Explorer, cur from costs_hourly, estimate from the price table × node-hours "
+        "(node_samples) and FSx storage-hours (fsx_metrics).",
     ),
 )
 def costs_daily(
@@ -96,9 +98,10 @@ def costs_daily(
     backfill_policy=dg.BackfillPolicy.single_run(),
     group_name="costs",
     kinds={"aws", "parquet"},
-    description=(
-        "AWS Budgets as reported when synced: limit, actual and forecasted spend per budget (and Cost "
-        "Explorer's month forecast when FOXHUNT_CE_FORECAST=1). Past partitions hold the sync's values."
+    **assetkit.writes(
+        schemas.BUDGETS,
+        does="Cost Explorer's month forecast when FOXHUNT_CE_FORECAST=1. Past partitions hold the sync's "
+        "values.",
     ),
 )
 def budgets(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource, costs: CostsResource):
@@ -131,11 +134,10 @@ def budgets(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResou
             description="a warning when the EC2 instances outside the cluster could not be listed (EC2 access, kube_node_info)",
         ),
     ],
-    description=(
-        "Live spend per experiment: $/h now, today so far, the month so far and its run rate, from the "
-        "live cost rules in Prometheus, running EC2 instances outside the cluster and the lake's "
-        "cost_allocation; the live-vs-lake reconciliation of the last days. Pushed to the Pushgateway "
-        "when FOXHUNT_PUSHGATEWAY_URL is set. Refreshed by spend_now_schedule."
+    **assetkit.writes(
+        schemas.SPEND_NOW,
+        does="Checks the live-vs-lake reconciliation of the last days. Pushed to the Pushgateway when "
+        "FOXHUNT_PUSHGATEWAY_URL is set. Refreshed by spend_now_schedule.",
     ),
 )
 def spend_now(

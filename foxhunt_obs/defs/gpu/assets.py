@@ -10,6 +10,7 @@ from foxhunt_obs.defs.resources import (
     LakeResource,
     PrometheusResource,
 )
+from foxhunt_obs.lib import schemas
 from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
 from foxhunt_obs.lib.tables import daily as tables
 from foxhunt_obs.lib.tables import gpu as gpu_tables
@@ -63,7 +64,10 @@ def _ingest(table_fn, context, config: IngestConfig, lake, prometheus, cluster):
     group_name="gpu",
     kinds={"prometheus", "parquet"},
     check_specs=GPU_SAMPLES_CHECKS,
-    description="One row per GPU per scrape step (dcgm-exporter or foxhunt exporter), canonical units.",
+    **assetkit.writes(
+        schemas.GPU_SAMPLES,
+        does="Read from Prometheus (dcgm-exporter or the foxhunt exporter), an hour per partition.",
+    ),
 )
 def gpu_samples(
     context: dg.AssetExecutionContext,
@@ -82,7 +86,10 @@ def gpu_samples(
     deps=[gpu_samples],
     group_name="gpu",
     kinds={"prometheus", "parquet"},
-    description="One row per node per step: CPU busy, memory, network, instance type, GPUs reporting.",
+    **assetkit.writes(
+        schemas.NODE_SAMPLES,
+        does="Read from Prometheus; GPUs reporting counted in the same hours' gpu_samples.",
+    ),
 )
 def node_samples(
     context: dg.AssetExecutionContext,
@@ -100,9 +107,9 @@ def node_samples(
     deps=[dg.AssetDep(gpu_samples, partition_mapping=dg.TimeWindowPartitionMapping())],
     group_name="gpu",
     kinds={"duckdb", "parquet"},
-    description=(
-        "Per GPU-hour (or MIG slice-hour) and holder pod: its seconds, mean and p95 util, active GPU-seconds "
-        "on util and SM activity, energy, errors; pod '' is the part no pod held."
+    **assetkit.writes(
+        schemas.GPU_HOURLY,
+        does="Rolled up from gpu_samples (a MIG slice-hour is a row of its own), a day per partition.",
     ),
 )
 def gpu_hourly(context: dg.AssetExecutionContext, lake: LakeResource):

@@ -11,6 +11,7 @@ from foxhunt_obs.defs.resources import (
     LakeResource,
     PrometheusResource,
 )
+from foxhunt_obs.lib import schemas
 from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
 from foxhunt_obs.lib.ingest.ray_series import load_ray_catalog
 from foxhunt_obs.lib.tables import ray as ray_tables
@@ -40,8 +41,10 @@ RAY_SAMPLES_CHECKS = [
     group_name="gpu",
     kinds={"prometheus", "parquet"},
     check_specs=RAY_SAMPLES_CHECKS,
-    description="One row per Ray node (KubeRay pod) per scrape step: alive, logical GPUs used/available, "
-    "tasks pending/running/failed, the GCS's actor states, object store; experiment via the head pod.",
+    **assetkit.writes(
+        schemas.RAY_SAMPLES,
+        does="Read from Prometheus (the Ray targets and kube-state-metrics); experiment via the head pod.",
+    ),
 )
 def ray_samples(
     context: dg.AssetExecutionContext,

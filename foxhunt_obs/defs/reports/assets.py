@@ -14,6 +14,7 @@ from foxhunt_obs.defs.resources import (
     ReportResource,
     SlackBotResource,
 )
+from foxhunt_obs.lib import schemas
 from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.names import CLUSTER_IDLE
 from foxhunt_obs.lib.tables import daily as tables
@@ -39,10 +40,10 @@ DAY_TO_DAY = dg.TimeWindowPartitionMapping()
             description="allocated + unallocated $ equal the day's bill (CUR, else the estimate) within 0.1 %",
         )
     ],
-    description=(
-        "Per GPU-hour and holder pod: node, GPU, pod, namespace and experiment, allocated $, unallocated "
-        f"{CLUSTER_IDLE} $, active GPU-seconds, idle $ on util and SM activity, cost source; plus the day's "
-        "tagged and shared bill lines."
+    **assetkit.writes(
+        schemas.COST_ALLOCATION,
+        does="The cost model (docs/cost-model.md) applied to gpu_hourly, node_samples and the day's bill "
+        "(costs_hourly's CUR lines, else costs_daily's estimate).",
     ),
 )
 def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource, costs: CostsResource):
@@ -57,10 +58,10 @@ def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource, costs
     deps=[dg.AssetDep(cost_allocation, partition_mapping=DAY_TO_DAY)],
     group_name="reports",
     kinds={"duckdb", "parquet"},
-    description=(
-        "Experiment × day: GPU-hours, active GPU-hours, mean util, allocated $, idle $, active GPU-hours "
-        f"per $, $ per active GPU-hour, energy, cost source; plus a {CLUSTER_IDLE} row. Active GPU-hours on "
-        "two bases: utilization and SM activity (sm_*), each over the dollars it was reported for."
+    **assetkit.writes(
+        schemas.UTILIZATION_PER_DOLLAR,
+        does=f"Summed from cost_allocation, plus a {CLUSTER_IDLE} row. Active GPU-hours on two bases: "
+        "utilization and SM activity (sm_*), each over the dollars it was reported for.",
     ),
 )
 def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
@@ -78,10 +79,10 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
     ],
     group_name="reports",
     kinds={"duckdb", "parquet"},
-    description=(
-        "Per MLflow run alive that day: success_rate at its start and at the day's end, what its own pods' "
-        "GPUs (its `pod` tag's list, in its namespace) cost in its own window so far, and $ per point of "
-        "success_rate gained. A run on no GPU the lake knows has no $ (never $0) and says why."
+    **assetkit.writes(
+        schemas.OUTCOME_PER_DOLLAR,
+        does="Its pods are its `pod` tag's list, in its namespace, priced from cost_allocation. A run on no "
+        "GPU the lake knows has no $ (never $0) and says why (charged_by).",
     ),
 )
 def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):

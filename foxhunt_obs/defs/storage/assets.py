@@ -5,6 +5,7 @@ import dagster as dg
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.partitions import HOURLY, hours_of
 from foxhunt_obs.defs.resources import AwsResource, FsxResource, LakeResource
+from foxhunt_obs.lib import schemas
 from foxhunt_obs.lib.sources.fsx import FsxSource
 from foxhunt_obs.lib.tables import storage as tables
 
@@ -14,9 +15,10 @@ from foxhunt_obs.lib.tables import storage as tables
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=24),
     group_name="storage",
     kinds={"aws", "parquet"},
-    description=(
-        "CloudWatch AWS/FSx per Lustre file system and minute: read/write bytes and operations, metadata "
-        "operations (Sum, with per-second rates) and free capacity (Minimum = fullest disk, Sum = total)."
+    **assetkit.writes(
+        schemas.FSX_METRICS,
+        does="Per Lustre file system and minute: read/write bytes and operations, metadata operations (Sum, "
+        "with per-second rates) and free capacity (Minimum = fullest disk, Sum = total).",
     ),
 )
 def fsx_metrics(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource, fsx: FsxResource):

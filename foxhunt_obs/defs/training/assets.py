@@ -5,6 +5,7 @@ import dagster as dg
 from foxhunt_obs import assetkit
 from foxhunt_obs.defs.partitions import DAILY, days_of
 from foxhunt_obs.defs.resources import LakeResource, MlflowResource
+from foxhunt_obs.lib import schemas
 from foxhunt_obs.lib.analysis.training_health import load_thresholds
 from foxhunt_obs.lib.tables import training as tables
 
@@ -12,7 +13,12 @@ from foxhunt_obs.lib.tables import training as tables
 @dg.asset(
     group_name="training",
     kinds={"mlflow", "parquet"},
-    description="One row per MLflow run (deleted ones flagged); reads only the histories that can have changed.",
+    **assetkit.writes(
+        schemas.TRAINING_RUNS,
+        schemas.TRAINING_HISTORY,
+        does="Reads only the histories that can have changed: new and RUNNING runs, and once more after a "
+        "run ends.",
+    ),
 )
 def training_runs(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: MlflowResource):
     yield from assetkit.results(assetkit.build(tables.training_runs, lake.lake(), mlflow.source()))
@@ -24,7 +30,7 @@ def training_runs(context: dg.AssetExecutionContext, lake: LakeResource, mlflow:
     deps=[training_runs],
     group_name="training",
     kinds={"duckdb", "parquet"},
-    description="MLflow metric points by UTC day of their timestamp (NaN and ±Inf kept).",
+    **assetkit.writes(schemas.TRAINING_METRICS, does="Cut from training_history by UTC day."),
 )
 def training_metrics(context: dg.AssetExecutionContext, lake: LakeResource):
     days = days_of(context.partition_time_window)
@@ -37,8 +43,10 @@ def training_metrics(context: dg.AssetExecutionContext, lake: LakeResource):
     deps=[training_metrics, training_runs],
     group_name="training",
     kinds={"pandas", "parquet"},
-    description="Per run and day: success_rate trend and drops, NaN/Inf losses, entropy collapse, "
-    "rollout-vs-update bottleneck, accuracy outside 0.1–0.9, stalled RUNNING runs.",
+    **assetkit.writes(
+        schemas.TRAINING_HEALTH,
+        does="From training_runs and training_history; thresholds in data/training_health.yaml.",
+    ),
 )
 def training_health(context: dg.AssetExecutionContext, lake: LakeResource):
     days = days_of(context.partition_time_window)
