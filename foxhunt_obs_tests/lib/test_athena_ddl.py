@@ -345,11 +345,12 @@ def test_a_moto_s3_lake_reads_back_through_the_ddl_layout(moto_lake):
             if c.name in declared:
                 assert _athena_of_parquet(c) == declared[c.name], (spec.name, c.name)
 
-    # The README's example query, over the table read that way (DuckDB runs this plain SQL as Athena would)
+    # docs/operating/lake.md's example query, over the table read that way (DuckDB runs this plain SQL as
+    # Athena would)
     import duckdb
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Querying the lake from Athena", 1)[1].split("\n## ", 1)[0]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operating" / "lake.md").read_text()
+    section = page.split("## Querying from Athena", 1)[1].split("\n## ", 1)[0]
     (query,) = re.findall(r"```sql\n(.*?)```", section, re.S)
     _parse(query)
     con = duckdb.connect(":memory:")
