@@ -26,6 +26,14 @@ AWS documentation this follows (checked 2026-12-02):
   ``array<>``, ``map<>``, ``struct<>``): https://docs.aws.amazon.com/athena/latest/ug/data-types.html
 * Identifiers in DDL are escaped with backticks (``user``, ``date``, ``timestamp`` ... are DDL reserved
   words): https://docs.aws.amazon.com/athena/latest/ug/reserved-words.html — every name is quoted here.
+* ``COMMENT`` on each column, the partition column and the table (``col_name data_type [COMMENT col_comment]``,
+  ``[COMMENT table_comment]`` after the column list, before ``PARTITIONED BY``):
+  https://docs.aws.amazon.com/athena/latest/ug/create-table.html. Athena's DDL is Hive's, whose string
+  literals use C-style escapes ("Hive uses C-style escaping within the strings",
+  https://hive.apache.org/docs/latest/literals_27829682): a quote and a backslash are escaped with a
+  backslash, not by doubling the quote as in standard SQL. Glue keeps a column's comment up to 255 characters
+  on one line (https://docs.aws.amazon.com/glue/latest/webapi/API_Column.html) and a table's
+  description up to 2048 (https://docs.aws.amazon.com/glue/latest/webapi/API_TableInput.html).
 
 Plain Python: no Dagster, no environment reads; the CLI (``foxhunt-obs lake ddl``) passes the values.
 """
@@ -66,6 +74,14 @@ ENUM_VALUES = {"snapshot": (SNAPSHOT,)}
 INJECTED = ("run",)
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")  # Glue stores names lower case; keep them plain
+# The partition column's comment where the spec has no note for it (it is not a column of the files).
+PARTITION_NOTES = {
+    "hour": "the partition: the UTC hour, YYYY-MM-DDTHH",
+    "day": "the partition: the UTC day, YYYY-MM-DD",
+    "snapshot": f"the partition: {SNAPSHOT!r}, the one snapshot",
+    "run": "the partition: the MLflow run id (a query names it: WHERE run = '...')",
+}
+COLUMN_COMMENT_MAX, TABLE_COMMENT_MAX = 255, 2048  # characters Glue keeps (Column.Comment, Description)
 _SIMPLE = {
     pa.bool_(): "boolean",
     pa.int8(): "tinyint",
@@ -124,6 +140,16 @@ def _q(value: str) -> str:
     return f'"{value}"'
 
 
+def comment(text: str, where: str, limit: int = COLUMN_COMMENT_MAX) -> str:
+    """``COMMENT '<text>'``, the text as a Hive string literal (C-style escapes); raises DdlError for text
+    Glue would refuse: longer than ``limit`` characters, or with a line break or other control character."""
+    if len(text) > limit:
+        raise DdlError(f"{where}: comment of {len(text)} characters; Glue keeps at most {limit}")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text):
+        raise DdlError(f"{where}: comment {text!r} has a line break or control character")
+    return "COMMENT '" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def data_columns(spec: TableSpec) -> list[pa.Field]:
     """The columns declared before PARTITIONED BY: the spec's, less the partition column.
 
@@ -178,14 +204,19 @@ def create_table(spec: TableSpec, location: str, database: str, start: datetime)
     cols = []
     for f in data_columns(spec):
         where = f"table {spec.name}, column {f.name}"
-        cols.append(f"  {_ident(f.name, where)} {athena_type(f.type, where)}")
+        note = f" {comment(spec.columns[f.name], where)}" if f.name in spec.columns else ""
+        cols.append(f"  {_ident(f.name, where)} {athena_type(f.type, where)}{note}")
     props = table_properties(spec, location, start)
     width = max(len(k) for k in props) + 2
+    part = f"table {spec.name}, partition"
+    part_note = spec.columns.get(spec.partition) or PARTITION_NOTES.get(spec.partition)
+    part_note = f" {comment(part_note, part)}" if part_note else ""
     lines = [
         f"CREATE EXTERNAL TABLE IF NOT EXISTS {_ident(database, 'database')}.{_ident(spec.name, 'table')} (",
         ",\n".join(cols),
         ")",
-        f"PARTITIONED BY ({_ident(spec.partition, f'table {spec.name}, partition')} string)",
+        *([comment(spec.doc, f"table {spec.name}", TABLE_COMMENT_MAX)] if spec.doc else []),
+        f"PARTITIONED BY ({_ident(spec.partition, part)} string{part_note})",
         "STORED AS PARQUET",
         f"LOCATION '{table_location(location, spec)}'",
         "TBLPROPERTIES (",

@@ -18,7 +18,7 @@ import pytest
 from foxhunt_obs.lib import athena
 from foxhunt_obs.lib.athena import DdlError, create_table, ddl_script, ddl_statements
 from foxhunt_obs.lib.lake import Lake
-from foxhunt_obs.lib.schemas import COSTS_DAILY, GPU_SAMPLES, LABEL, TABLES, TS, TableSpec
+from foxhunt_obs.lib.schemas import COSTS_DAILY, GPU_SAMPLES, LABEL, STR, TABLES, TS, TableSpec
 from foxhunt_obs.lib.tables.training import SNAPSHOT
 
 sqlglot = pytest.importorskip("sqlglot")
@@ -57,15 +57,26 @@ def _table(statement: str) -> dict:
     (location,) = [p.this.name for p in props if isinstance(p, exp.LocationProperty)]
     (stored,) = [p.this.name for p in props if isinstance(p, exp.FileFormatProperty)]
     tblprops = {p.name: p.args["value"].name for p in props if type(p) is exp.Property}
+    comments = [p.this.name for p in props if isinstance(p, exp.SchemaCommentProperty)]
     return {
         "database": schema.this.db,
         "name": schema.this.name,
         "columns": columns,
+        "comments": {c.name: _comment(c) for c in schema.expressions},
+        "comment": comments[0] if comments else None,
         "partitions": parts,
+        "partition_comments": {c.name: _comment(c) for c in partitioned.this.expressions},
         "location": location,
         "stored": stored.upper(),
         "props": tblprops,
     }
+
+
+def _comment(column: exp.ColumnDef) -> str | None:
+    """A column's COMMENT, as the string sqlglot read (escapes undone)."""
+    found = [c.kind.this.name for c in column.constraints if isinstance(c.kind, exp.CommentColumnConstraint)]
+    assert len(found) <= 1
+    return found[0] if found else None
 
 
 def _java_to_strftime(pattern: str) -> str:
@@ -108,6 +119,12 @@ def test_every_table_parses_with_its_columns_types_and_partition(statements):
         assert [(n, k.this) for n, k in t["columns"]] == want, spec.name
         assert [(n, k.this) for n, k in t["partitions"]] == [(spec.partition, T.TEXT)]
         assert spec.partition not in {n for n, _ in t["columns"]}
+        # each column's note and the table's text from lib/schemas.py, read back exactly
+        assert t["comments"] == {n: spec.columns[n] for n in spec.schema.names if n != spec.partition}
+        assert t["comment"] == spec.doc
+        assert t["partition_comments"][spec.partition], spec.name
+        if spec.partition in spec.columns:  # a day table's `day`: the file's column note
+            assert t["partition_comments"][spec.partition] == spec.columns[spec.partition]
     # the tables that store their partition key in the files too (lake._add_view's in_files)
     in_files = [t["name"] for t in tables if TABLES[t["name"]].partition in TABLES[t["name"]].schema.names]
     assert "costs_daily" in in_files
@@ -161,6 +178,31 @@ def test_script_and_location_forms(tmp_path):
             ddl_statements(bad, "foxhunt", START)
     with pytest.raises(DdlError, match="database"):
         ddl_statements(LOCATION, "my-db", START)
+
+
+def test_comments_escape_quotes_and_backslashes_and_glue_limits_are_kept():
+    # text that naive quoting would break: quotes, a backslash, '' and ;
+    doc = "It's a table; 'quoted', C:\\lake\\ and \"double\" — Σ ± ×"
+    note = "'' = none; a \\ b; it's -- not a comment"
+    spec = TableSpec.define("odd", "day", doc, [("day", pa.date32(), "the day"), ("x", pa.string(), note)])
+    statement = create_table(spec, LOCATION, "foxhunt", START)
+    t = _table(statement)
+    assert (t["comment"], t["comments"], t["partition_comments"]) == (doc, {"x": note}, {"day": "the day"})
+    assert "\\'" in statement and "''" not in statement.replace("\\'\\'", "")  # escaped, never doubled
+    # the partition's own note where the files have no such column
+    hourly = TableSpec.define("h", "hour", "hourly", [("ts", TS, "time")])
+    assert _table(create_table(hourly, LOCATION, "foxhunt", START))["partition_comments"] == {
+        "hour": athena.PARTITION_NOTES["hour"]
+    }
+    for bad_note, match in (("two\nlines", "line break"), ("x" * 256, "256 characters")):
+        bad = TableSpec.define("odd", "day", "ok", [("day", pa.date32(), "d"), ("x", pa.string(), bad_note)])
+        with pytest.raises(DdlError, match=f"table odd, column x: comment .*{match}"):
+            create_table(bad, LOCATION, "foxhunt", START)
+    with pytest.raises(DdlError, match="table odd: comment of 2049 characters"):
+        create_table(TableSpec.define("odd", "day", "d" * 2049, [("x", STR, "x")]), LOCATION, "f", START)
+    # the lake's own notes and texts fit Glue's limits
+    assert max(len(n) for s in TABLES.values() for n in s.columns.values()) <= athena.COLUMN_COMMENT_MAX
+    assert max(len(s.doc) for s in TABLES.values()) <= athena.TABLE_COMMENT_MAX
 
 
 def _spec(*fields) -> TableSpec:
