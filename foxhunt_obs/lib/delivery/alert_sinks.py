@@ -485,7 +485,7 @@ def _merge_sent_to(a: str, b: str) -> str:
 
 
 class LakeAlertSink:
-    """Appends every transition to the ``alerts`` table (see the module docstring)."""
+    """Appends every transition to the ``alerts`` table (docs/operating/alerts.md, "The alerts table")."""
 
     name = "lake"
 

@@ -164,7 +164,7 @@ def test_an_unreadable_cursor_says_so():
         run_failures.Cursor.load("{not json", NOW)
 
 
-# A Grafana Explore URL on Tempo, encoded whole as the README shows it: every placeholder is %7B..%7D
+# A Grafana Explore URL on Tempo, encoded whole as docs/operating/traces.md shows it: every placeholder is %7B..%7D
 TRACE_TEMPLATE = (
     "https://grafana.test/explore?schemaVersion=1&panes=%7B%22a%22%3A%7B%22queries%22%3A%5B%7B%22query%22%3A"
     "%22%7Btrace_id%7D%22%7D%5D%2C%22range%22%3A%7B%22from%22%3A%22%7Bfrom_ms%7D%22%2C%22to%22%3A%22%7Bto_ms%7D"
