@@ -211,39 +211,26 @@ def _of(steps: list[Step], payloads: dict[int, object], group: str) -> list:
 def export_rules(out: Path) -> list[Path]:
     """The recording rules, the live cost rules (the price table of FOXHUNT_PRICE_REGION) and the alerting
     rules (alert_rules.yaml's enabled rules with promql, as overridden by FOXHUNT_ALERT_RULES), each as a
-    Prometheus rules file and as a PrometheusRule (prometheus-operator)."""
+    Prometheus rules file and as a PrometheusRule (prometheus-operator), by one renderer (lib/rule_files.py)."""
 
     import foxhunt_obs.cli.config as config
     from foxhunt_obs.lib.alerts import prometheus_rules as alerting
-    from foxhunt_obs.lib.alerts.prometheus_rules import prometheus_rule
     from foxhunt_obs.lib.alerts.rules import load_rules
     from foxhunt_obs.lib.analysis.prices import load_price_table
-    from foxhunt_obs.lib.ingest.cost_rules import MODEL as COST_MODEL
-    from foxhunt_obs.lib.ingest.cost_rules import cost_rules
+    from foxhunt_obs.lib.ingest import cost_rules, recording_rules
     from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
     from foxhunt_obs.lib.ingest.mig import model_slices
-    from foxhunt_obs.lib.ingest.recording_rules import recording_rules, render
+    from foxhunt_obs.lib.rule_files import rule_files, write_rule_files
 
     cluster, catalog = config.cluster(), load_catalog()
-    rules = recording_rules(catalog, cluster.node_labels, cluster.exporter_containers)
-    costs = cost_rules(
+    recording = recording_rules.recording_rules(catalog, cluster.node_labels, cluster.exporter_containers)
+    costs = cost_rules.cost_rules(
         load_price_table(config.price_region()), catalog, cluster.experiment_label, model_slices()
     )
-    priced = "foxhunt_obs/data/prices.yaml, mig_profiles.yaml and metric_catalog.yaml"
     alerts = alerting.alerting_rules(load_rules(overrides=config.alerting().rules_file))
-    out.mkdir(parents=True, exist_ok=True)
     files = {
-        out / "foxhunt-recording-rules.yaml": render(rules),
-        out / "foxhunt-recording-rules.prometheusrule.yaml": render(
-            prometheus_rule(rules, "foxhunt-recording-rules")
-        ),
-        out / "foxhunt-cost-rules.yaml": render(costs, priced, COST_MODEL),
-        out / "foxhunt-cost-rules.prometheusrule.yaml": render(
-            prometheus_rule(costs, "foxhunt-cost-rules"), priced, COST_MODEL
-        ),
-        out / "foxhunt-rules.yaml": alerting.render(alerts),
-        out / "foxhunt-rules.prometheusrule.yaml": alerting.render(alerting.prometheus_rule(alerts)),
+        **rule_files(recording, "foxhunt-recording-rules", "foxhunt-recording-rules", recording_rules.SOURCE),
+        **rule_files(costs, "foxhunt-cost-rules", "foxhunt-cost-rules", cost_rules.SOURCE, cost_rules.MODEL),
+        **rule_files(alerts, "foxhunt-rules", alerting.MANIFEST, alerting.SOURCE),
     }
-    for path, text in files.items():
-        path.write_text(text)
-    return list(files)
+    return write_rule_files(out, files)

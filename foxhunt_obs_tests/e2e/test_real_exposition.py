@@ -39,7 +39,8 @@ from foxhunt_obs.lib.ingest.gpu_series import (
     missing_core_columns,
 )
 from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
-from foxhunt_obs.lib.ingest.recording_rules import recording_rules, render
+from foxhunt_obs.lib.ingest.recording_rules import SOURCE, recording_rules
+from foxhunt_obs.lib.rule_files import render
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 from foxhunt_obs.sandbox.example_trainer import start_example_trainer
 from foxhunt_obs.sandbox.servers.local_server import free_port, kill_group, wait_serving
@@ -268,7 +269,7 @@ def scraped(tmp_path_factory):
     ]
     # the recording rules as `foxhunt-obs rules export` writes them from the catalog now
     rules_file = work / "foxhunt-recording-rules.yaml"
-    rules_file.write_text(render(recording_rules(load_catalog(), NODE_LABELS)))
+    rules_file.write_text(render(recording_rules(load_catalog(), NODE_LABELS), SOURCE))
     server = _ScrapingPrometheus(work, scrape, (rules_file,))
     server.start()
     client = PrometheusClient(server.url, timeout_s=10)

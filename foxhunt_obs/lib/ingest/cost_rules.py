@@ -43,6 +43,8 @@ pod holds is (cluster idle). Idle $ = a holder's $ x (1 - util) where util is kn
 idle). A holder's experiment is its pod's label, else its namespace's, else unattributed."""
 
 GROUP = "foxhunt-cost"
+# what the generated files say they come from
+SOURCE = "foxhunt_obs/data/prices.yaml, mig_profiles.yaml and metric_catalog.yaml"
 INTERVAL = "1m"  # dollars per hour move when nodes come and go: a minute is plenty
 # canonical records every GPU reports one of (util may be missing on a stock counters file; power not)
 GPU_PRESENCE = ("foxhunt:gpu_util:ratio", "foxhunt:gpu_power:watts", "foxhunt:gpu_mem_used:bytes")

@@ -14,7 +14,8 @@ from datetime import datetime, timezone
 
 from foxhunt_obs.lib.ingest.gpu_series import Window, gpu_containers
 from foxhunt_obs.lib.ingest.metric_catalog import ScrapeTargets, load_catalog
-from foxhunt_obs.lib.ingest.recording_rules import recording_rules, render
+from foxhunt_obs.lib.ingest.recording_rules import SOURCE, recording_rules
+from foxhunt_obs.lib.rule_files import render
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer, backfill_openmetrics
 
@@ -158,7 +159,7 @@ tests:
 def test_generated_recording_rules_agree(tmp_path):
     """The rules as `foxhunt-obs rules export` would write them now, evaluated by promtool."""
     rules = tmp_path / "rules.yaml"
-    rules.write_text(render(recording_rules(load_catalog(), NODE_LABELS)))
+    rules.write_text(render(recording_rules(load_catalog(), NODE_LABELS), SOURCE))
     other = {**TRAINER, "instance": "10.0.2.10:9094", "pod": "cpu-only-q9"}
     ksm = {"job": "kube-state-metrics", "instance": "10.0.0.5:8080", "endpoint": "http"}
     text = textwrap.dedent(UNIT_TEST).format(
@@ -221,7 +222,7 @@ def test_the_rules_keep_the_holder_through_a_kube_state_metrics_outage(tmp_path)
     """The limit counts for kube.gpu_limits_lookback_s (15 minutes) after it was last seen, as in the ingest
     (test below): 10 minutes into the outage the trainer still holds its GPU, after 16 no longer."""
     rules = tmp_path / "rules.yaml"
-    rules.write_text(render(recording_rules(load_catalog(), NODE_LABELS)))
+    rules.write_text(render(recording_rules(load_catalog(), NODE_LABELS), SOURCE))
     text = textwrap.dedent(OUTAGE_TEST).format(
         rules=rules,
         trainer=_labels(TRAINER),
