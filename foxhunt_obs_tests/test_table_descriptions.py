@@ -10,7 +10,7 @@ from foxhunt_obs.definitions import defs
 from foxhunt_obs.lib.schemas import TABLES
 
 # Lake tables no asset writes: the alert sensors write `alerts` as they deliver (lib/delivery/alert_sinks.py).
-NOT_AN_ASSETS = {"alerts"}
+WRITTEN_BY_SENSORS = {"alerts"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_every_lake_table_is_written_by_one_asset_named_after_it(lake_assets):
             assert t in TABLES, f"{asset} writes {t!r}, which lib/schemas.py does not know"
             writers.setdefault(t, []).append(asset)
     assert {t: w for t, w in writers.items() if len(w) > 1} == {}
-    assert set(writers) == set(TABLES) - NOT_AN_ASSETS
+    assert set(writers) == set(TABLES) - WRITTEN_BY_SENSORS
     assert writers["training_history"] == ["training_runs"]  # its histories, cached per run
 
 
