@@ -1,4 +1,4 @@
-"""The freshness policy, applied once at the root (DESIGN §2): every materializable asset gets a time-window
+"""The freshness policy, applied once at the root (docs/design.md#layout): every materializable asset gets a time-window
 freshness policy from data/freshness.yaml (its own entry, else its group's), so the UI shows an asset whose
 schedule stopped or whose runs keep failing as late, then failing. Schedules are not changed by it."""
 

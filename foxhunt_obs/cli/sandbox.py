@@ -1,4 +1,4 @@
-"""`foxhunt-obs sandbox up|down|status|env`: the local stack of real servers (DESIGN §8)."""
+"""`foxhunt-obs sandbox up|down|status|env`: the local stack of real servers (docs/design.md#running-it)."""
 
 from __future__ import annotations
 

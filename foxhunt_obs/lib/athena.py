@@ -1,4 +1,4 @@
-"""Glue/Athena DDL for the lake on S3 (DESIGN §3): one ``CREATE EXTERNAL TABLE`` per TableSpec.
+"""Glue/Athena DDL for the lake on S3 (docs/design.md#the-lake): one ``CREATE EXTERNAL TABLE`` per TableSpec.
 
 Each table is Parquet under ``<root>/<table>/`` with one Hive partition folder per value
 (``<partition>=<value>/part-0.parquet``, lake.py), so a statement declares the spec's columns with their
@@ -108,7 +108,7 @@ def athena_type(t: pa.DataType, where: str = "column") -> str:
         return _SIMPLE[t]
     if pa.types.is_timestamp(t):
         # Parquet INT64 TIMESTAMP(MILLIS, adjustedToUTC): Athena's timestamp has millisecond precision, and
-        # the lake's timestamps are UTC instants (DESIGN §3). Other units or zones would change values.
+        # the lake's timestamps are UTC instants (docs/design.md#the-lake). Other units or zones would change values.
         if t.unit == "ms" and t.tz in ("UTC", "+00:00"):
             return "timestamp"
     elif pa.types.is_decimal128(t) and 1 <= t.precision <= 38:

@@ -1,4 +1,4 @@
-"""The lake: Hive-partitioned Parquet tables under a local folder or ``s3://bucket/prefix`` (DESIGN §3).
+"""The lake: Hive-partitioned Parquet tables under a local folder or ``s3://bucket/prefix`` (docs/design.md#the-lake).
 
 Why a plain resource-like object and not a Dagster IO manager: assets write one partition at a time with a
 schema check, and read *across* partitions with SQL (DuckDB) instead of loading upstream objects into
@@ -160,7 +160,7 @@ class Lake:
     def _write_parquet(table: pa.Table, where, footer: dict[str, pa.Table]) -> None:
         # Timestamps are sorted and unique: delta encoding, not a dictionary the writer tries and drops.
         # Measured floats rarely repeat either: without the dictionary it tried on them, an hour of
-        # gpu_samples is written 22 % faster, 8 % smaller, and read 6 % faster (issue 19).
+        # gpu_samples is written 22 % faster, 8 % smaller, and read 6 % faster.
         stamps = [f.name for f in table.schema if pa.types.is_timestamp(f.type)]
         plain = {f.name for f in table.schema if pa.types.is_floating(f.type)}
         with pq.ParquetWriter(
@@ -342,7 +342,7 @@ class Lake:
         """A fresh in-memory DuckDB connection with one view per table (default: every known table)."""
         con = duckdb.connect(":memory:")
         try:
-            # DESIGN: all timestamps are UTC. DuckDB defaults to the machine's zone for TIMESTAMPTZ
+            # The lake's timestamps are all UTC (docs/design.md#the-lake). DuckDB defaults to the machine's zone for TIMESTAMPTZ
             # arithmetic (date_trunc('day', ts)) and for the tz label of the Arrow results.
             con.execute("SET TimeZone = 'UTC'")
             for spec in TABLES.values() if tables is None else tables:

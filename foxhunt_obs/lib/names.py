@@ -5,7 +5,7 @@ CLUSTER_IDLE = "(cluster idle)"  # the experiment of GPU time no pod held: the c
 UNATTRIBUTED = "unattributed"  # the experiment of a held GPU whose pod has no experiment label or namespace
 OTHER_EXPERIMENTS = "(other experiments)"  # a chart's bucket for the experiments that do not fit
 
-# DESIGN §5: bill lines on no node-hour and without an Experiment tag (the file system, EKS, S3) are shared
+# The cost model (docs/cost-model.md): bill lines on no node-hour and without an Experiment tag (the file system, EKS, S3) are shared
 # by the GPU-hours each experiment held that day. The one policy there is; a second would be named here.
 SHARED_COST_POLICY = "shared by the GPU-hours each experiment held that day"
 

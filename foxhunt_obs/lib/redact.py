@@ -1,4 +1,4 @@
-"""Secrets never reach a log, an error, asset metadata or the UI (DESIGN §9): URLs lose their userinfo and
+"""Secrets never reach a log, an error, asset metadata or the UI (docs/design.md#quality-bar): URLs lose their userinfo and
 token-like query parameters, and any text built from an error is scrubbed of every configured secret.
 
 A chained exception carries its own message into Dagster's event log, so errors built from a source's

@@ -33,7 +33,7 @@ def in_order(calls: list[Callable[[], R]], at_once: int, name: str = "side-by-si
             yield call()
         return
     # `at_once` worker threads take the calls as they are let start: a thread per call cost ~0.1 ms of CPU
-    # a call, a day of hourly ingest ~1,000 calls (issue 19)
+    # a call, a day of hourly ingest ~1,000 calls
     todo: queue.SimpleQueue = queue.SimpleQueue()  # (index, the caller's context then), or None: stop
     finished: queue.SimpleQueue = queue.SimpleQueue()
 

@@ -1,5 +1,5 @@
 """Utilization per dollar: the cost model applied per GPU-hour, per experiment and day, per MLflow run,
-and the weekly cost report (DESIGN §5)."""
+and the weekly cost report (docs/cost-model.md)."""
 
 from datetime import datetime, timezone
 

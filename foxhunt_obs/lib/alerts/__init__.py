@@ -1,4 +1,4 @@
-"""Alert rules (DESIGN §6): the catalog (`catalog`) and its Prometheus export (`prometheus_rules`)."""
+"""Alert rules (docs/design.md#alerts): the catalog (`catalog`) and its Prometheus export (`prometheus_rules`)."""
 
 from foxhunt_obs.lib.alerts.rules import (
     SEVERITIES,

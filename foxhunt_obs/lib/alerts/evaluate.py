@@ -1,4 +1,4 @@
-"""Evaluators of the rules without PromQL, and the PromQL result → findings conversion (DESIGN §6).
+"""Evaluators of the rules without PromQL, and the PromQL result → findings conversion (docs/design.md#alerts).
 
 Each evaluator is a pure function of a source's latest data (a pandas frame) and its `Rule`, thresholds
 from `rule.thresholds`; it returns one `Finding` per alert instance whose condition holds now. A finding's
@@ -155,7 +155,7 @@ def nan_loss(rule: Rule, metrics: pd.DataFrame) -> list[Finding]:
 
 def training_run_silent(rule: Rule, metrics: pd.DataFrame, now: datetime) -> list[Finding]:
     """A finding per running run whose newest point of any key is older than silent_minutes: the trainer
-    hangs or died without ending its run (seed 000: training stall → MLflow heartbeat). at: the newest
+    hangs or died without ending its run (its MLflow heartbeat stopped). at: the newest
     point + the limit, when the silence became an alert; value: minutes silent."""
     if _empty(metrics, "run_id", "ts"):
         return []

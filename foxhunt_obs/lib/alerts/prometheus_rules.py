@@ -1,4 +1,4 @@
-"""Prometheus alerting rules generated from the alert rule catalog (DESIGN §6).
+"""Prometheus alerting rules generated from the alert rule catalog (docs/design.md#alerts).
 
 Every enabled rule with `promql` becomes one alerting rule in the group `foxhunt-alerts`:
 

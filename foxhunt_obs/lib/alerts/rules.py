@@ -1,4 +1,4 @@
-"""The alert rule catalog (DESIGN §6): foxhunt_obs/data/alert_rules.yaml, optionally overridden.
+"""The alert rule catalog (docs/design.md#alerts): foxhunt_obs/data/alert_rules.yaml, optionally overridden.
 
 One list of `Rule`s serves both paths: the Dagster sensors evaluate every enabled rule each tick, and the
 rules with `promql` are also exported as Prometheus alerting rules (`prometheus_rules.py`). Loading is

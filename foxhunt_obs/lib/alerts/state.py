@@ -1,4 +1,4 @@
-"""The alert state machine a sensor keeps in its cursor (DESIGN §6): notify on transitions only, and
+"""The alert state machine a sensor keeps in its cursor (docs/design.md#alerts): notify on transitions only, and
 advance the cursor only after a sink accepted them — nothing lost, nothing sent twice.
 
 State, per alert fingerprint (`Rule.fingerprint` of the finding's labels):

@@ -1,4 +1,4 @@
-"""Anomaly maths for the alert rules (DESIGN §6): robust statistics over short series, pure functions.
+"""Anomaly maths for the alert rules (docs/design.md#alerts): robust statistics over short series, pure functions.
 
 Every function takes a 1-D sequence of numbers and ignores NaN and ±Inf: a missing or broken point is
 neither a spike nor a drop. Too few finite points give no verdict (None), never a guess.

@@ -1,4 +1,4 @@
-"""Training health per run and day, from MLflow metric histories (seed 000's healthy trends).
+"""Training health per run and day, from MLflow metric histories: do its curves trend as a healthy run's do.
 
 Pure functions over arrays: robust window medians (one bad point is not a trend), least-squares
 slopes, and the run-day summary. Thresholds come from data/training_health.yaml.

@@ -1,4 +1,4 @@
-"""The batch side's figures into Prometheus through a Pushgateway (issue 16 §4): what the live cost rules
+"""The batch side's figures into Prometheus through a Pushgateway: what the live cost rules
 cannot see, for the cost dashboard beside the live $/h.
 
 * ``foxhunt_untracked_instance_cost_usd_per_hour{region, instance_id, instance_type, name, experiment}``:
@@ -61,7 +61,7 @@ def push_spend(
     ``rates`` rows: price_region, instance_type, bill_day, usd_per_hour (the bill's effective rates).
     ``lake_daily`` rows: day (``YYYY-MM-DD``, a date, or a datetime at 00:00 such as a pandas Timestamp),
     experiment, cost_usd, idle_usd. An idle_usd of None or NaN (activity unknown) pushes no idle sample for
-    that row: unknown is not idle (DESIGN §5). A label of None or NaN is pushed empty (no label).
+    that row: unknown is not idle (docs/cost-model.md). A label of None or NaN is pushed empty (no label).
     ``url`` may carry ``user:password@`` (sent as basic auth, never shown). The push is one HTTP request
     whose connect and every read are bounded by ``timeout_s``."""
     if not url:

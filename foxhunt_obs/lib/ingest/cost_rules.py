@@ -1,5 +1,5 @@
 """Live cost as Prometheus recording rules, generated from the price table, the MIG profiles and the metric
-catalog (issue 16 §1): what each node, GPU and holder costs per hour right now, on the batch path's model.
+catalog: what each node, GPU and holder costs per hour right now, on the batch path's model.
 
 The batch path (tables/sql/cost_allocation.sql, before the bill lands) prices a node-hour as the price
 table's on-demand $/h for its instance type, splits it evenly over the GPUs reporting on the node, and
@@ -23,7 +23,7 @@ state the same per evaluation:
                                                             part, a slice of a model the profiles lack)
 
 A node whose instance type has no price has no cost series (the batch path flags it the same way). A
-holder without utilization has no idle series: unknown activity is not idle (DESIGN §5).
+holder without utilization has no idle series: unknown activity is not idle (docs/cost-model.md).
 """
 
 from __future__ import annotations

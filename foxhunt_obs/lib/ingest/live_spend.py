@@ -1,4 +1,4 @@
-"""Live spend: dollars per experiment from the live cost recording rules (issue 16, cost_rules.py), for
+"""Live spend: dollars per experiment from the live cost recording rules (cost_rules.py), for
 the hours the bill and cost_allocation have not reached yet.
 
 The rules (deploy/prometheus/foxhunt-cost-rules.yaml) record each experiment's $/h once a minute:

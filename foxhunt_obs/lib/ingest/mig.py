@@ -1,6 +1,6 @@
 """MIG slices: a slice's share of its GPU, from `foxhunt_obs/data/mig_profiles.yaml`.
 
-A MIG GPU's cost, GPU-hours and energy are split over its slices by this share (DESIGN §5), so they
+A MIG GPU's cost, GPU-hours and energy are split over its slices by this share (docs/cost-model.md), so they
 are never counted once per slice.
 """
 

@@ -1,5 +1,5 @@
-"""Running EC2 instances that no cluster node corresponds to, priced: the spend no Prometheus series shows
-(issue 16 §2). A forgotten benchmark box or a node that left the cluster without being terminated bills
+"""Running EC2 instances that no cluster node corresponds to, priced: the spend no Prometheus series shows.
+A forgotten benchmark box or a node that left the cluster without being terminated bills
 by the hour while every GPU dashboard looks fine; the bill says so a day or two later.
 
 An instance belongs to the cluster when its id is a node's spec.providerID as kube-state-metrics exports it

@@ -1,4 +1,4 @@
-"""Running EC2 instances, in every configured region (issue 16 §2: money the cluster doesn't see).
+"""Running EC2 instances, in every configured region (money the cluster doesn't see).
 
 ``describe_instances`` through its paginator, instance states pending and running only (a stopped instance
 bills no compute hours), so a forgotten GPU box outside the cluster shows up while it runs, not a day later

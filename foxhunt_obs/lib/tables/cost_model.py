@@ -1,4 +1,4 @@
-"""The cost model (DESIGN §5) as SQL over the lake: cost_allocation, utilization_per_dollar and
+"""The cost model (docs/cost-model.md) as SQL over the lake: cost_allocation, utilization_per_dollar and
 outcome_per_dollar for one UTC day. The statements live beside this module in sql/.
 
 A GPU-hour costs its node's cost for that hour (the instance's CUR line items when the bill is in, else

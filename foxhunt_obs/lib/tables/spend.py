@@ -1,5 +1,5 @@
-"""spend_now: what the cluster and the instances outside it cost right now, today and this month (issue 16
-§2), while the bill is still a day or two away.
+"""spend_now: what the cluster and the instances outside it cost right now, today and this month,
+while the bill is still a day or two away.
 
 * cluster: the live cost rules' $/h per experiment (lib/ingest/live_spend: foxhunt:experiment_cost), today
   as their integral since midnight UTC; the month's complete days from the lake's cost_allocation (the

@@ -1,4 +1,4 @@
-"""A real Alertmanager for the alert sinks' tests and the demo (DESIGN §6, §7).
+"""A real Alertmanager for the alert sinks' tests and the demo (docs/design.md#alerts).
 
 ``AlertmanagerServer`` runs Debian's ``/usr/bin/prometheus-alertmanager`` (``make alertmanager`` installs
 it) on 127.0.0.1 only, in its own process group, with its own ``--storage.path`` and a minimal config: one

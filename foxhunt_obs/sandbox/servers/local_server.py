@@ -1,6 +1,6 @@
 """The sandbox's local servers (Prometheus, mlflow server, moto, Alertmanager) share one life cycle:
-127.0.0.1 on a given or free port, a work directory with the log, their own process group (DESIGN §8:
-``mlflow server`` forks uvicorn workers that outlive a plain kill of the parent), a ready probe with a
+127.0.0.1 on a given or free port, a work directory with the log, their own process group
+(``mlflow server`` forks uvicorn workers that outlive a plain kill of the parent), a ready probe with a
 deadline, and stop() that takes the whole group down. ``LocalServer`` is that life cycle; each server
 says its command, its ready probe and what to prepare before it starts.
 """

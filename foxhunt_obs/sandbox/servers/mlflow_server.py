@@ -1,4 +1,4 @@
-"""A real MLflow tracking server holding a scenario's training runs (DESIGN §4 MLflow, §7, §8).
+"""A real MLflow tracking server holding a scenario's training runs (docs/design.md#the-sandbox).
 
 ``MlflowServer`` runs ``python -m mlflow server`` (the venv's own interpreter) on a SQLite store on
 127.0.0.1, in its own process group: mlflow forks a uvicorn worker that outlives a plain kill of the

@@ -1,4 +1,4 @@
-"""A real moto server holding a scenario's AWS story (DESIGN §4 Costs/CloudWatch, §7, §8).
+"""A real moto server holding a scenario's AWS story (docs/design.md#the-sandbox).
 
 ``MotoServer`` runs the venv's ``moto_server`` console script on 127.0.0.1 in its own process group (like
 ``MlflowServer``); ``seed`` writes ``bills.py``'s truth into it: the FSx file systems (moto makes their

@@ -1,5 +1,5 @@
 """A real PostgreSQL (Debian's `postgresql` package, `make postgresql`) for the Dagster instance's storage in
-the tests (issue 17 §2): its own data dir (initdb), 127.0.0.1 on a free port, a socket dir of its own, its own
+the tests: its own data dir (initdb), 127.0.0.1 on a free port, a socket dir of its own, its own
 process group, stopped by the postmaster's PID.
 
 PostgreSQL refuses to run as root: as root, initdb, postgres and psql run as the package's `postgres` system

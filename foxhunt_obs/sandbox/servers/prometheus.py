@@ -1,4 +1,4 @@
-"""A real Prometheus holding a scenario's history (DESIGN §7, §8).
+"""A real Prometheus holding a scenario's history (docs/design.md#the-sandbox).
 
 ``build_tsdb`` backfills the scenario into TSDB blocks with promtool, once per scenario fingerprint;
 ``PrometheusServer`` runs /usr/bin/prometheus on such a TSDB on 127.0.0.1; ``up``/``down``/``status``
@@ -53,7 +53,7 @@ PROGRESS_EVERY_S = 5.0  # a progress line at most this often
 RECORDING_RULES = (
     Path(__file__).resolve().parents[3] / "deploy" / "prometheus" / "foxhunt-recording-rules.yaml"
 )
-COST_RULES = RECORDING_RULES.parent / "foxhunt-cost-rules.yaml"  # `foxhunt-obs rules export`, issue 16
+COST_RULES = RECORDING_RULES.parent / "foxhunt-cost-rules.yaml"  # `foxhunt-obs rules export`
 # How the rules are backfilled (levels, look-back); part of the cache key, bump it when that changes.
 BACKFILL_METHOD = "levels-lookback-2"
 

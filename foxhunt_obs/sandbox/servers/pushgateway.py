@@ -1,4 +1,4 @@
-"""A real Prometheus Pushgateway for the spend push's tests (issue 16 §4).
+"""A real Prometheus Pushgateway for the spend push's tests (lib/delivery/pushgateway.py).
 
 ``PushgatewayServer`` runs Debian's ``/usr/bin/prometheus-pushgateway`` (``make pushgateway`` installs it) on
 127.0.0.1 only, in its own process group, with ``--persistence.file`` set empty (Debian's default is a

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from foxhunt_obs.sandbox.story.scenario import ScenarioParser
 
-COST_TAG_KEYS = ("Project", "Environment", "Experiment")  # the cost allocation tags (seed 000)
+COST_TAG_KEYS = ("Project", "Environment", "Experiment")  # the cost allocation tags
 DEPLOYMENT_TYPES = ("PERSISTENT_1", "PERSISTENT_2", "SCRATCH_1", "SCRATCH_2")
 AWS_INCIDENT_KINDS = ("fsx_fill", "stray_instance")
 MINUTE_S = 60
@@ -91,7 +91,7 @@ class S3Bucket:
 class Budget:
     name: str
     limit_usd: Decimal
-    alert_pct: float | None = None  # an ACTUAL > alert_pct % notification (seed 000: 80)
+    alert_pct: float | None = None  # an ACTUAL > alert_pct % notification (e.g. 80)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Which alert each injected incident of a scenario must raise, and a check of a replay against that
-(DESIGN §7: the pipeline must find every injected incident). Used by the end-to-end replay test and by
+(the pipeline must find every injected incident: docs/design.md#the-sandbox). Used by the end-to-end replay test and by
 ``make demo``, which fails when an incident goes unnoticed.
 
 An incident is found when its rule fired for it exactly once, no earlier than the incident began and no
@@ -36,8 +36,8 @@ class Expected:
 
 def rule_overrides(scenario: Scenario) -> dict:
     """The alert rules' settings the sandbox cluster itself decides, as a FOXHUNT_ALERT_RULES file holds
-    them: gpu_node_missing expects as many GPU nodes as the scenario has (the catalog's default, 2, is
-    seed 000's cluster; with more nodes one lost node would leave enough reporting to say nothing)."""
+    them: gpu_node_missing expects as many GPU nodes as the scenario has (the catalog's default is 2
+    nodes; with more nodes one lost node would leave enough reporting to say nothing)."""
     return {"rules": {"gpu_node_missing": {"thresholds": {"expected_nodes": len(scenario.nodes)}}}}
 
 

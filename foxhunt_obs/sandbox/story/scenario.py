@@ -1,4 +1,4 @@
-"""Sandbox scenarios: a synthetic GPU cluster and the incidents injected into it (DESIGN §7).
+"""Sandbox scenarios: a synthetic GPU cluster and the incidents injected into it (docs/design.md#the-sandbox).
 
 A scenario is data (``scenarios/<name>.yaml``); this module loads and validates it. ``truth.py`` turns it
 into exact samples and ``openmetrics.py`` writes those samples for Prometheus. Every time in a scenario is

@@ -51,7 +51,7 @@ Pods are referred to by index (``scenario.pods[i]``, ``Pod.index``), never by na
 (namespace, pod name) on a series, so the cost truth (``gpu_allocations``, ``pod_dollars``,
 ``run_dollars``) charges holders by that pair, as the pipeline must.
 
-The cost policy (DESIGN §5), which ``gpu_allocations``, ``pod_dollars`` and ``run_dollars`` implement:
+The cost policy (docs/cost-model.md), which ``gpu_allocations``, ``pod_dollars`` and ``run_dollars`` implement:
 
 * A unit is a whole GPU or a MIG slice. A unit-hour's cost C = its node's EC2 cost for the hour (the line
   items of the node's instances) ÷ the GPUs reporting on the node in that hour × the unit's gpu_share

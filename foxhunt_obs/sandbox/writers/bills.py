@@ -1,5 +1,5 @@
 """Exact AWS truth of a scenario's ``aws:`` block: the bill, Cost Explorer's answers, FSx's CloudWatch
-datapoints and the budget (DESIGN §5, §7). ``moto_server.py`` writes exactly this into moto, so a pipeline
+datapoints and the budget (docs/design.md#the-sandbox). ``moto_server.py`` writes exactly this into moto, so a pipeline
 run against it can be checked to the cent and to the byte.
 
 The bill (on-demand only, so amortized = unblended), one line item per resource per hour of the scenario:
@@ -555,7 +555,7 @@ def fsx_low_windows(
     scenario: Scenario, fs_name: str, threshold_bytes: float = 500 * GB, stat: str = "Minimum"
 ) -> list[tuple[datetime, datetime]]:
     """[start, end) windows of whole minutes in which the per-minute ``stat`` (Minimum or Sum) of
-    FreeDataStorageCapacity is below ``threshold_bytes`` (seed 000's alarm: 500 GB)."""
+    FreeDataStorageCapacity is below ``threshold_bytes`` (fsx_low_space's default: 500 GB)."""
     s = fsx_series(scenario, _aws(scenario).file_system(fs_name))
     low = (s.free.min(axis=1) if stat == "Minimum" else s.free.sum(axis=1)) < threshold_bytes
     edges = np.flatnonzero(np.diff(np.concatenate([[0], low.astype(np.int8), [0]])))

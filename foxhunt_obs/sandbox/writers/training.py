@@ -1,7 +1,7 @@
 """MLflow training runs of a scenario (its ``training:`` block): exact ground truth, and logging it into a
-real MLflow tracking server (DESIGN §4 MLflow, §7).
+real MLflow tracking server (docs/design.md#the-sandbox).
 
-Every run logs seed 000's eight keys (``KEYS``) at every logged step: one step every
+Every run logs the eight keys of ``KEYS`` at every logged step: one step every
 ``3600 / steps_per_hour`` seconds from its start, before its end (exclusive), on the scenario's scrape
 grid. Steps are numbered 0, 1, 2, ... in the order they are logged. Healthy shapes (x = hours of training
 progress = step × interval, tau = a quarter of the run's window, clipped to 0.25..12 h):

@@ -1,4 +1,4 @@
--- One UTC day of cost_allocation (DESIGN §5). Parameters: $day (DATE), $key ('YYYY-MM-DD'),
+-- One UTC day of cost_allocation (docs/cost-model.md). Parameters: $day (DATE), $key ('YYYY-MM-DD'),
 -- $first_hour / $last_hour (node_samples partitions of the day). Views: gpu_hourly, node_samples,
 -- costs_hourly, costs_daily, ec2_prices(instance_type, usd_per_hour).
 WITH
