@@ -1,10 +1,10 @@
-"""Benchmark (issue 17 §3): the lake on S3 at scale. One week of 1,024 GPUs at 15 s written to an S3 lake on a
+"""Benchmark: the lake on S3 at scale. One week of 1,024 GPUs at 15 s written to an S3 lake on a
 moto server, the weekly report computed from it; the same week on a local-disk lake, in the same run.
 
 The week is bench/report.py's synthetic cluster (p4de nodes of 8 GPUs, pods holding a node or half of one,
 stalls, a driver reload, CUR lines per instance-hour), written through Lake.write_partition as the ingest
 assets write theirs (lib/tables/gpu.py, costs.py): the samples are generated, not fetched from Prometheus,
-which at ~400k points/s (bench/prometheus_ingest.json) would need most of an hour per backend here. The
+which at ~400k points/s (bench/results/prometheus_ingest.json) would need most of an hour per backend here. The
 report is bench/report.py's run_ours: gpu_hourly -> cost_allocation -> utilization_per_dollar ->
 outcome_per_dollar -> weekly_cost_report, the lib functions the assets call, on the lake the resource opens
 (Lake with AWS_ENDPOINT_URL).

@@ -1,7 +1,7 @@
 """Benchmark: Prometheus -> lake against the raw download of the same responses, from a real Prometheus
 (16 nodes x 8 GPUs, 24 hours at 15 s), in one run. Two workloads:
 
-asset day (the target, issue 19): what a backfill run of a day of gpu_samples does
+asset day (the target): what a backfill run of a day of gpu_samples does
   ours         lib/tables/gpu.gpu_samples over the day's 24 hourly partitions, every GPU metric of the
                catalog, with a client built as PrometheusResource builds it: an hour's queries side by side
                (FOXHUNT_PROMETHEUS_QUERIES_AT_ONCE, default 4), the next hour downloaded while one is written

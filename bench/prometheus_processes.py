@@ -1,4 +1,4 @@
-"""Experiment (issue 19): would downloading and parsing in worker processes bring the asset day nearer the raw
+"""Experiment: would downloading and parsing in worker processes bring the asset day nearer the raw
 download than threads do? Ours runs at about one core (the GIL); processes could use both.
 
 Same Prometheus, day and recorded requests as bench/prometheus_ingest.py, in one process, interleaved:

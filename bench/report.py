@@ -24,7 +24,7 @@ empty, so outcome_per_dollar is empty, as on a cluster without runs.
 Sizes: 64 and 512 GPUs (ours three times, pandas three times, the median counts) and 4,096 GPUs (ours once,
 no pandas: ~15 GB), which shows whether the time grows linearly. `--sizes 64,512` runs fewer. Each method
 runs in a fresh process (so peak RSS is its own: ru_maxrss of that process). Imports of
-duckdb/pyarrow/pandas/foxhunt_obs are not timed. The targets are issue 19's (TARGETS).
+duckdb/pyarrow/pandas/foxhunt_obs are not timed. The targets are in TARGETS.
 Writes bench/results/report.json and prints a table.
 """
 
@@ -55,7 +55,7 @@ RUNS = {64: 3, 512: 3, 4096: 1}  # 4,096 GPUs: one run (~2 min), to show the gro
 FROM_SAMPLES_RUNS = {64: 3, 512: 1, 4096: 0}
 PANDAS_RUNS = {64: 3, 512: 3, 4096: 0}  # pandas at 4,096 GPUs would hold ~15 GB
 PANDAS_TIMEOUT_S = 240  # per run; past it the 512-GPU pandas figure is reported as not measured
-# issue 19: gpu_hourly and the whole report at 64 and 512 GPUs, memory at 512, and growth no worse than
+# The targets: gpu_hourly and the whole report at 64 and 512 GPUs, memory at 512, and growth no worse than
 # linear from 512 to 4,096 GPUs (seconds per GPU at 4,096 within 1.25x of 512's)
 TARGETS = {
     "gpu_hourly_s_64": 0.8,

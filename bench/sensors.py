@@ -14,8 +14,8 @@ lake rules are skipped, as when their source is not configured).
                carried from tick to tick; a new client per tick, as the sensor builds its resources per
                tick. The rules' queries run side by side (the client's queries_at_once). Every instant
                query is timed, and every tick's findings hashed.
-  ours_serial  the same with queries_at_once = 1 (the queries one after another, as before
-               issue 19); its findings must hash the same at every tick
+  ours_serial  the same with queries_at_once = 1 (the queries one after another, as they
+               ran before queries_at_once); its findings must hash the same at every tick
   client       the obvious alternative, what a hand-written sensor would do: the same rule expressions as
                prometheus-api-client PrometheusConnect.custom_query(expr, params={"time": now}) one after
                another, a new PrometheusConnect per tick, no evaluation, no alert state

@@ -1,6 +1,6 @@
 """A Backend with no GPU: values from load curves, faults on a time line, both from a JSON scenario.
 
-Used by the tests, the sandbox (DESIGN §7) and the benchmark. JSON rather than YAML on purpose: the
+Used by the tests, the sandbox (docs/design.md#the-sandbox) and the benchmark. JSON rather than YAML on purpose: the
 exporter's runtime dependencies are nvidia-ml-py and prometheus-client only. See the README for the
 scenario format; `DEFAULT_SCENARIO` (8 x A100-SXM4-80GB, no faults) applies when none is given.
 

@@ -149,7 +149,7 @@ def test_parse_address_rejects(address):
 
 def test_connection_threads_are_capped(served):
     """A client that opens connections and sends nothing holds a thread each: past the cap a new
-    connection is closed at once, and the slots come back when the idle ones go (issue 13 §6)."""
+    connection is closed at once, and the slots come back when the idle ones go."""
     import socket
     import time
 

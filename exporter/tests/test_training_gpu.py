@@ -1,5 +1,5 @@
 """The in-process GPU poller: the exporter's Poller on a thread of its own inside the trainer, its figures on
-the training endpoint; without NVML one warning and no thread (seed 003)."""
+the training endpoint; without NVML one warning and no thread."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The in-process GPU poller (seed 003): the exporter's own Poller thread inside the trainer, every 5 s by
+"""The in-process GPU poller: the exporter's own Poller thread inside the trainer, every 5 s by
 default, its foxhunt_gpu_* figures on the trainer's endpoint.
 
-Seed 003 asks for GPU figures from the training process and, on a machine without a GPU, a warning once
-and no poller. So NVML is tried once when the poller is asked for: if it does not initialise (no library,
+A trainer wants GPU figures from its own process and, on a machine without a GPU, a warning once and
+no poller. So NVML is tried once when the poller is asked for: if it does not initialise (no library,
 no driver) or `pynvml` cannot be imported, one warning and no thread; otherwise the exporter's Poller runs
 with its usual fault handling (a GPU lost, NVML going away and coming back). No watchdog here: the
 exporter's ends the process when a poll is stuck, which must never happen to a trainer.
@@ -20,7 +20,7 @@ poller needs NODE_NAME from the Downward API (`fieldRef: {fieldPath: spec.nodeNa
 warning and no poller, rather than GPUs on a "node" named after the pod. The training metrics are served
 either way. In Kubernetes means KUBERNETES_SERVICE_HOST is set: the kubelet puts the API server's service
 in every container's environment, even with enableServiceLinks false (kubernetes/kubernetes
-pkg/kubelet/kubelet_pods.go, issue #120953), and in-cluster clients test it (kubernetes-client/python,
+pkg/kubelet/kubelet_pods.go; kubernetes/kubernetes#120953), and in-cluster clients test it (kubernetes-client/python,
 kubernetes/base/config/incluster_config.py).
 """
 
@@ -40,7 +40,7 @@ from ..events import XidCounters
 from ..poller import ErrorCounts, Poller
 
 log = logging.getLogger(__name__)
-DEFAULT_INTERVAL_S = 5.0  # seed 003: every 5 s (~50 ms an nvidia-smi call, about 1 % of the window)
+DEFAULT_INTERVAL_S = 5.0  # every 5 s (~50 ms an nvidia-smi call, about 1 % of the window)
 
 
 class GpuFamilies(Collector):

@@ -18,7 +18,7 @@ from ..server import MetricsServer
 from .contract import CONTRACT, LABELS, MetricSpec
 
 log = logging.getLogger(__name__)
-DEFAULT_PORT = 9094  # seed 003's training metrics endpoint
+DEFAULT_PORT = 9094  # the training metrics endpoint (docs/contracts/trainers.md)
 
 
 def _make(spec: MetricSpec, registry: CollectorRegistry):

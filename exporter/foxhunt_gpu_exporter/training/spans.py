@@ -1,4 +1,4 @@
-"""One OpenTelemetry span per fold (seed 003: "roughly one span per fold"), when OpenTelemetry is there.
+"""One OpenTelemetry span per fold, when OpenTelemetry is there.
 
 The span goes to whatever tracer provider the process has. When none is configured and
 OTEL_EXPORTER_OTLP_ENDPOINT is set, one is set up here: the SDK's TracerProvider (its Resource reads
