@@ -183,7 +183,7 @@ def test_without_slack_the_definitions_load_and_the_sensors_still_run(lake):
 
 
 def test_a_broken_overrides_file_does_not_stop_alerting(lake, tmp_path, monkeypatch):
-    """Issue 13 §2: a typo in FOXHUNT_ALERT_RULES keeps the last good rules, and says which line."""
+    """A typo in FOXHUNT_ALERT_RULES keeps the last good rules, and says which line."""
     definitions = defs()
     overrides = Path(os.environ["FOXHUNT_ALERT_RULES"])
     good = overrides.read_text()

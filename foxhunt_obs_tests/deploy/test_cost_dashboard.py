@@ -1,4 +1,4 @@
-"""The cost dashboard (deploy/grafana/foxhunt-cost.json, issue 16 §4): the conventions of the other two
+"""The cost dashboard (deploy/grafana/foxhunt-cost.json): the conventions of the other two
 dashboards, the series it may read, its ConfigMap, and every panel query run against a real Prometheus
 whose foxhunt:* cost series are the checked-in cost rules (deploy/prometheus/foxhunt-cost-rules.yaml)
 evaluated by Prometheus itself over a backfilled day and a quarter of kube- and GPU-shaped input, beside

@@ -26,7 +26,7 @@ DASHBOARDS = (COCKPIT, FLEET, TRACES)
 PROMETHEUS_DS = {"type": "prometheus", "uid": "${datasource}"}
 TEMPO_DS = {"type": "tempo", "uid": "${tempo}"}  # traces.json's Tempo panels (test_traces_dashboard.py)
 
-# Seed 003's rows, in order, and the series each must show.
+# The training cockpit's rows, in order, and the series each must show.
 COCKPIT_ROWS = {
     "Active jobs": ["foxhunt_training_active_workers", "foxhunt_training_fold_progress_ratio"],
     "Training progress": [
@@ -81,7 +81,7 @@ RECORDING_RULES = {
 # foxhunt exporter series with no recording rule (yet); every other GPU series goes through a rule.
 RAW_GPU_ALLOWED = {"foxhunt_gpu_up", "foxhunt_gpu_xid_errors_total"}
 
-SEED_000_NODE_QUERIES = [
+NODE_QUERIES = [  # node_exporter's names, the node panels' queries
     '100 - (avg by(instance) (rate(node_cpu_seconds_total{mode="idle"}[5m])) * 100)',
     "node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes",
     'rate(node_network_transmit_bytes_total{device=~"eth.*"}[5m])',
@@ -258,11 +258,11 @@ def test_cockpit_filters_every_training_query_by_model_and_fold():
             assert 'model=~"$model"' in selector and 'fold=~"$fold"' in selector, f"{title}: {expr}"
 
 
-def test_fleet_keeps_seed_000_panels():
+def test_fleet_keeps_the_gpu_headline_and_node_panels():
     exprs = [e for _, e in queries(load(FLEET))]
     assert 'avg(foxhunt:gpu_util:ratio{pod=~"$pod"})' in exprs
-    for q in SEED_000_NODE_QUERIES:
-        assert q in exprs, f"seed 000 node query missing: {q}"
+    for q in NODE_QUERIES:
+        assert q in exprs, f"node query missing: {q}"
     used = set().union(*(metric_names(e) for e in exprs))
     for needed in (
         "foxhunt:gpu_mem_used:bytes",

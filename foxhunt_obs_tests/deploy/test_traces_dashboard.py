@@ -1,4 +1,4 @@
-"""The traces dashboard (deploy/grafana/traces.json, seed 003 component 5) and the fleet board's trace-health
+"""The traces dashboard (deploy/grafana/traces.json) and the fleet board's trace-health
 row: the Tempo panels' queries as Grafana's Tempo data source sends them, and the figures the span-metrics
 and service-graph panels compute from test_dashboards.py's synthetic history, against its known counts.
 

@@ -105,7 +105,7 @@ def test_fsx_metrics_equal_the_ground_truth(small, aws, ingested):
         else:
             assert rows.per_second.isna().all()
     assert len(got.groupby(["metric", "statistic"])) == 7 and len(got) == 7 * 6 * 60
-    # the fullest disk is what fills first: the minimum of Minimum is below the seed's 500 GB alarm
+    # the fullest disk is what fills first: the minimum of Minimum is below fsx_low_space's 500 GB threshold
     low = got[(got.metric == "FreeDataStorageCapacity") & (got.statistic == "Minimum")].value.min()
     assert low == min(v for _, v in bills.fsx_free_min(small, name, start, end)) and low < 500e9
 
@@ -264,7 +264,7 @@ def test_the_demo_summary_shows_costs_gap_and_free_space(small, ingested):
 def test_cur_tag_keys_as_aws_writes_them_and_an_unmatched_key_is_named(
     small, aws, env, ingested, monkeypatch
 ):
-    """Issue 12 §4 end to end: the scenario's CUR 2.0 export rewritten with a camelCase cost-allocation tag
+    """End to end: the scenario's CUR 2.0 export rewritten with a camelCase cost-allocation tag
     (CostCenter: CUR 2.0 writes user_cost_center) in a real moto S3, ingested by a real Dagster run with
     FOXHUNT_COST_TAGS=CostCenter,...; then a key that matches nothing is named in the run's metadata."""
     import io

@@ -9,7 +9,7 @@ process group and stopped by this test; everything is seen through the GraphQL A
   `daily_reports_job` over the trailing days, which succeeds on an empty lake (no external service).
 * A run that fails, launched from the CLI (`dagster asset materialize`, Prometheus unreachable), reaches
   the webhook through `run_failure_alert` although the webhook refuses it at first: refused on one tick,
-  taken on a later one, and never sent twice (issue 13 §2).
+  taken on a later one, and never sent twice.
 """
 
 import json
@@ -148,7 +148,7 @@ class Dagster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,  # DESIGN §8: stop the group, not just `dagster dev`
+                start_new_session=True,  # stop the group, not just `dagster dev`
             )
 
     def alive(self) -> bool:

@@ -1,4 +1,4 @@
-"""The Dagster instance on a real PostgreSQL (issue 17 §2): DAGSTER_HOME holds a copy of the shipped
+"""The Dagster instance on a real PostgreSQL: DAGSTER_HOME holds a copy of the shipped
 deploy/dagster/dagster.yaml (so that file is what is tested) and DAGSTER_PG_* point it at a PostgreSQL of
 the test's own (foxhunt_obs/sandbox/servers/postgres.py: Debian's `postgresql`, `make postgresql`).
 
@@ -15,7 +15,7 @@ the test's own (foxhunt_obs/sandbox/servers/postgres.py: Debian's `postgresql`, 
 * (d) A second, separate `dagster-webserver` process on the same DAGSTER_HOME reads the run history: its
   GraphQL `runsOrError` lists the runs of (a) and (b).
 
-Every process runs in its own process group and is stopped by it (DESIGN §8), with the helpers of the
+Every process runs in its own process group and is stopped by it (docs/design.md#running-it), with the helpers of the
 `dagster dev` end-to-end test.
 """
 

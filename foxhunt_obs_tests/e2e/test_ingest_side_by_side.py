@@ -1,4 +1,4 @@
-"""The Prometheus ingest's queries side by side (issue 19): an hour's queries FOXHUNT_PROMETHEUS_QUERIES_AT_ONCE
+"""The Prometheus ingest's queries side by side: an hour's queries FOXHUNT_PROMETHEUS_QUERIES_AT_ONCE
 at a time, and gpu_samples downloading the next hour while it writes this one, on the `small` scenario in a
 real Prometheus. The rows must be those of one query after another, and a failure keep its place: the hours
 before it written, the failing hour named, nothing after it."""

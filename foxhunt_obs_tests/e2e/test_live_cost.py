@@ -1,5 +1,5 @@
-"""Live cost against the batch path (issue 16: "the live $/h summed over a day matches that day's
-cost_allocation within 2 % on the sandbox"): the `small` scenario's TSDB holds the live cost rules'
+"""Live cost against the batch path (the live $/h summed over a day matches that day's
+cost_allocation within 2 % on the sandbox): the `small` scenario's TSDB holds the live cost rules'
 records backfilled over its six hours (sandbox/servers/prometheus.py backfill_cost_rules); live_spend
 integrates them, and the day's cost_allocation is built from the same Prometheus by the functions the
 assets call (gpu_samples, node_samples, gpu_hourly, cost_allocation on the price table: no bill yet, as
@@ -19,7 +19,7 @@ from foxhunt_obs.sandbox.story import truth
 
 pytestmark = pytest.mark.timeout(600)
 
-TOLERANCE = 0.02  # issue 16's acceptance
+TOLERANCE = 0.02  # within 2 %
 
 
 def _midnight(t: datetime) -> datetime:

@@ -1,4 +1,4 @@
-"""A green run never replaces good rows with fewer (issue 13 §3): a Prometheus that no longer has the hour
+"""A green run never replaces good rows with fewer: a Prometheus that no longer has the hour
 (retention passed, the wrong server) answers with nothing, and the partition the lake has must stay,
 unless the run says allow_fewer_rows."""
 

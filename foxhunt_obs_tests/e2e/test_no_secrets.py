@@ -1,4 +1,4 @@
-"""No secret reaches the event log, the run database, compute logs or the lake (issue 13 §5).
+"""No secret reaches the event log, the run database, compute logs or the lake.
 
 Distinctive secrets are planted in every credential setting, including passwords inside URLs; then a
 succeeding and failing materializations (by the CLI, with a persistent DAGSTER_HOME: run storage, event

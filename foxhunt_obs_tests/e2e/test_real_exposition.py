@@ -8,7 +8,7 @@ static labels here are target labels exactly as relabelled SD labels are) and it
 * NVIDIA GPU Operator: container nvidia-dcgm-exporter, honorLabels false (its ServiceMonitor default);
 * NVIDIA's dcgm-exporter Helm chart: container `exporter`, honorLabels false (the chart's default);
 * a ServiceMonitor with honorLabels true (as NVIDIA/aicr sets it), on a MIG page;
-* the foxhunt exporter as deploy/servicemonitor.yaml scrapes it (honorLabels true, the target's pod
+* the foxhunt exporter as exporter/deploy/servicemonitor.yaml scrapes it (honorLabels true, the target's pod
   labels dropped);
 * a training pod reporting its own GPUs, as exporter/deploy/sidecar-job.yaml's PodMonitor scrapes it: our
   exporter in sidecar mode (endpoint gpu-metrics, container gpu-exporter, honorLabels true) and the
@@ -228,7 +228,7 @@ def scraped(tmp_path_factory):
                 "container": "node-exporter",
             },
         ),
-        # deploy/servicemonitor.yaml: honorLabels true and the target's pod/namespace/container dropped
+        # exporter/deploy/servicemonitor.yaml: honorLabels true and the target's pod/namespace/container dropped
         _target(
             "foxhunt-gpu-exporter",
             exporter_port,

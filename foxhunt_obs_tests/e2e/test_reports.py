@@ -137,7 +137,7 @@ def test_every_gpu_hour_and_slice_hour_is_charged_as_the_truth_says(small, repor
             held[col].astype(float), held[f"{col}_t"].astype(float), rtol=1e-9, err_msg=col
         )
     assert held.sm_active_gpu_seconds.notna().any() and held.sm_active_gpu_seconds.isna().any()
-    # the cases of issue 14, each a unit-hour with several holders
+    # the fair-share cases, each a unit-hour with several holders
     holders = got[got.pod != ""].groupby(["hour", "node", "gpu", "gpu_instance"]).pod.nunique()
     assert (holders >= 2).sum() >= 3  # the hand-off at 05:20, the time-sliced GPU, the reused trainer-0
 

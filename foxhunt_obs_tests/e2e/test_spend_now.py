@@ -1,4 +1,4 @@
-"""spend_now end to end (issue 16 §2): the `small` scenario's real Prometheus with the live cost rules
+"""spend_now end to end: the `small` scenario's real Prometheus with the live cost rules
 backfilled, its day of cost_allocation built by the functions the assets call, two instances outside the
 cluster, and a real Pushgateway. At 05:00 the cluster's today equals the batch allocation of 00:00-05:00
 within 2 %, the run rate is the month so far + $/h x the hours left, the stray p5 is priced from its launch,

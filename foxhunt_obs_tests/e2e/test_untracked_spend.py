@@ -1,4 +1,4 @@
-"""untracked_spend end to end (issue 16 §2): the `small` scenario's real Prometheus (its nodes'
+"""untracked_spend end to end: the `small` scenario's real Prometheus (its nodes'
 kube_node_info provider ids, ip-10-0-1-12's instance replaced after its outage) and a real moto server
 whose running EC2 instances follow the scenario tick by tick (moto_server.set_ec2_as_of), with three
 instances outside the cluster added for this test: a p5.48xlarge, a g4dn.xlarge the price table has no

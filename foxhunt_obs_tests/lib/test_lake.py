@@ -443,7 +443,7 @@ def test_shrink_reason_refuses_far_fewer_entities():
 
 def test_a_killed_writers_temp_files_go_on_the_next_write_of_the_table(lake):
     """SIGKILL mid-write leaves part-0.parquet.tmp-*; the next write of that table removes the stale ones
-    (an hour old) and keeps a fresh one, which may be a concurrent writer's (issue 13 §6)."""
+    (an hour old) and keeps a fresh one, which may be a concurrent writer's."""
     lake.write_partition(SPEC, H1, _table(1))
     folder = os.path.join(lake.root, "things", f"hour={H1}")
     stale, fresh = (
@@ -517,7 +517,7 @@ class _S3Proxy:
 
 @pytest.mark.timeout(120)
 def test_s3_writes_are_one_put_and_a_cut_upload_leaves_nothing(s3_lake, monkeypatch):
-    """Issue 13 §6: a partition over pyarrow's multipart threshold (~10 MiB) goes up as one PutObject, so
+    """A partition over pyarrow's multipart threshold (~10 MiB) goes up as one PutObject, so
     an upload cut half-way leaves no multipart upload behind, and the old object stays as it was."""
     _, s3 = s3_lake
     proxy = _S3Proxy(os.environ["AWS_ENDPOINT_URL"])

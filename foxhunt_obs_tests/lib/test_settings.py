@@ -1,7 +1,7 @@
-"""One configuration system (issue 15 §2): every setting in the registry is a field of a Dagster resource,
+"""One configuration system: every setting in the registry is a field of a Dagster resource,
 which takes it from its variable as a `dg.EnvVar` (the UI shows the name, never a secret's value) or has
 the registry's default; tests pass values explicitly. Numeric settings are refused with the variable's
-name when they are not a positive number (issue 13 §6): a step or timeout of 0, nan or -1 would loop, give
+name when they are not a positive number: a step or timeout of 0, nan or -1 would loop, give
 up at once or write nonsense, silently."""
 
 import ast

@@ -1,4 +1,4 @@
-"""The Prometheus rules' queries run side by side (the client's queries_at_once, issue 19): the same
+"""The Prometheus rules' queries run side by side (the client's queries_at_once): the same
 findings, in the catalog's order, as one after another, on a real Prometheus; never more queries in
 flight than the bound; a failing query still fails the whole source, naming its rule."""
 

@@ -131,7 +131,7 @@ def test_a_tick_past_its_budget_leaves_the_other_sinks_for_the_next_tick(tmp_pat
 
 
 def test_slack_taking_some_messages_of_a_batch_is_never_sent_them_again():
-    """Issue 13 §2: Slack posts one message per transition; when the second of two fails, the first is
+    """Slack posts one message per transition; when the second of two fails, the first is
     recorded as taken, so the next tick posts only the second (2 messages for 2 alerts, not 3)."""
     from foxhunt_obs.lib.delivery.alert_sinks import SlackAlertSink
     from foxhunt_obs.lib.delivery.slack_client import slack_web_client
@@ -192,7 +192,7 @@ def _refusing_webhook():
 
 
 def test_alertmanager_refresh_does_not_wait_for_a_sink_that_refuses(tmp_path):
-    """Issue 13 §2: a webhook that refuses for good must not let Alertmanager expire a live alert."""
+    """A webhook that refuses for good must not let Alertmanager expire a live alert."""
     rules = load_rules(overrides="")
     now = datetime.now(timezone.utc).replace(microsecond=0)
     cursor = _unnotified_cursor(rules, now)

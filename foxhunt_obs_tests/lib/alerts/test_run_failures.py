@@ -1,4 +1,4 @@
-"""Failed Dagster runs as alerts (issue 13 §2): a notice a sink refused is sent again next tick, a notice a
+"""Failed Dagster runs as alerts: a notice a sink refused is sent again next tick, a notice a
 sink took is never sent twice (not even when the watermark's overlap reads its run again), a notice no
 sink takes for PENDING_MAX is dropped loudly, and a hanging sink does not hold the tick. Real sinks (the
 signed webhook, the lake's alerts table) against a local HTTP receiver."""

@@ -1,5 +1,5 @@
 """A tick ends in time whatever its sources and sinks do, and the alerts that could be computed are
-delivered to the sinks that answer (issue 13 §1). Stand-in servers hang, drip and rate-limit; the
+delivered to the sinks that answer. Stand-in servers hang, drip and rate-limit; the
 budgets are the sensor's, scaled down so the tests are quick."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def test_the_prices_the_issue_quotes():
     assert t.get("AmazonEC2", "p5.48xlarge").usd == Decimal("55.04")
     for family in ("g5", "g6e"):
         assert t.find("AmazonEC2", f"{family}.xlarge") and t.find("AmazonEC2", f"{family}.48xlarge")
-    # seed 000: 4.8 TiB PERSISTENT_2 at 125 MB/s/TiB is about $696 a month; S3 $23 per TB-month
+    # 4.8 TiB PERSISTENT_2 at 125 MB/s/TiB is about $696 a month; S3 $23 per TB-month
     fsx = t.get("AmazonFSx", "PERSISTENT_2/125")
     month = sum(t.per_hour(fsx, 4800, date(2026, 11, 1)) for _ in range(hours_in_month(date(2026, 11, 1))))
     assert month == pytest.approx(Decimal(696), abs=Decimal("0.001"))

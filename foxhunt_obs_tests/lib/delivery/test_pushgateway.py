@@ -1,4 +1,4 @@
-"""The spend push (issue 16 §4) against a real Pushgateway (Debian's prometheus-pushgateway) and a real
+"""The spend push against a real Pushgateway (Debian's prometheus-pushgateway) and a real
 Prometheus scraping it: values read back exactly, a push replaces the group, failures name the gateway with
 its password masked."""
 

@@ -1,4 +1,4 @@
-"""Live cost rules (issue 16 §1): generated from the price table, valid, and giving the batch path's
+"""Live cost rules: generated from the price table, valid, and giving the batch path's
 dollars per node, GPU, holder and experiment (promtool test rules against hand-computed figures). The checked-in file is compared with
 a fresh export by test_recording_rules (a price-table change that is not exported fails there)."""
 
@@ -145,7 +145,7 @@ def _holder(metric: str, i: int, value: str = "1x10", **labels: str) -> dict:
 
 
 def test_holders_idle_dollars_and_experiments(tmp_path):
-    """One p4de node, each GPU a case of the batch path's model (DESIGN §5), dollars by hand:
+    """One p4de node, each GPU a case of the batch path's model (docs/cost-model.md), dollars by hand:
     GPU 0 held by trainer-0 (experiment ppo by its pod label) at 75 % util; GPU 1 time-sliced by two pods
     (a-0 of ppo; b-0 whose namespace `lab` says dqn) beside the device's own series; GPU 2 no pod at 0 %;
     GPU 3 in MIG mode, two 3g.40gb slices (3/7 each; m-1 without any experiment label and without util)

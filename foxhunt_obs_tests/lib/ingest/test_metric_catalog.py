@@ -252,7 +252,7 @@ def test_kube_label_name_as_kube_state_metrics_spells_it(label, expected):
 
 
 def test_both_spellings_of_dcgm_exporters_node_label_name_the_node():
-    """`Hostname` (every release up to 4.5.3-4.8.2) and `hostname` (dcgm-exporter main after PR #655,
+    """`Hostname` (every release up to 4.5.3-4.8.2) and `hostname` (dcgm-exporter main after NVIDIA/dcgm-exporter#655,
     its own server test's rendering): FOXHUNT_NODE_LABELS' default tries both."""
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -396,7 +396,7 @@ if __name__ == "__main__":  # python -m foxhunt_obs_tests.lib.report.test_weekly
 
 
 def test_both_activity_bases_and_the_split_policy_are_in_the_report():
-    """Issue 14: utilization per dollar by utilization and by SM activity, the headline on the configured
+    """Utilization per dollar by utilization and by SM activity, the headline on the configured
     basis, and the split over holders in the cost policy."""
     d = make_data()
     r = render_weekly_report(d)

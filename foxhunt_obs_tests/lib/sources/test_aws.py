@@ -70,7 +70,7 @@ def test_tag_keys_as_aws_writes_them_in_cur2(key, written, source):
 @pytest.mark.parametrize(
     ("key", "written"),
     [
-        # the issue's own cases: user_ + lower snake case; AWS-generated keys keep their aws_
+        # user_ + lower snake case; AWS-generated keys keep their aws_
         ("CostCenter", "user_cost_center"),
         ("team:owner", "user_team_owner"),
         ("aws:createdBy", "aws_created_by"),

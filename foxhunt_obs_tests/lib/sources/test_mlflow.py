@@ -404,7 +404,7 @@ def test_a_window_the_server_would_sample_is_read_again_exactly(mlflow_store):
 
 @pytest.mark.timeout(60)
 def test_a_repeated_page_token_stops_every_page_loop(canned):
-    """A server (or proxy) that hands out the same next_page_token again would page forever (issue 13 §4):
+    """A server (or proxy) that hands out the same next_page_token again would page forever:
     experiments, runs and histories stop on the repeat, naming the call."""
     looping = b'{"experiments": [{"experiment_id": "1", "name": "e"}], "runs": [], "metrics": [], "next_page_token": "AAA"}'
     url, seen = canned(200, looping)

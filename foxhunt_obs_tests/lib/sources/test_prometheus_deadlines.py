@@ -1,4 +1,4 @@
-"""FOXHUNT_PROMETHEUS_TIMEOUT bounds a whole request (issue 13 §4), against stand-in servers that drip,
+"""FOXHUNT_PROMETHEUS_TIMEOUT bounds a whole request, against stand-in servers that drip,
 hang or answer 502/504 first. Before, instant queries had no timeout at all and range queries one per
 socket read, so a server dripping 16 bytes a second never failed."""
 

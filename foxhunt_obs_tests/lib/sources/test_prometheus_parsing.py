@@ -145,7 +145,7 @@ def test_a_truncated_answer_is_an_error():
 
 
 def test_an_answer_cut_between_two_series_is_an_error():
-    """Well-formed up to the cut (issue 13: 480 rows instead of 960 were written as complete)."""
+    """Well-formed up to the cut (once 480 rows instead of 960 were written as complete)."""
     body = _body([{"metric": {"g": str(g)}, "values": [[1, "2"], [2, "3"]]} for g in range(2)])
     cut = body.index(b',{"metric":{"g":"1"}')
     for end in (cut, cut + 1, len(body) - 1, len(body) - 2):

@@ -1,4 +1,4 @@
-"""Fair shares (issue 14): a GPU-hour split over every pod that held it, time-sliced GPUs split per step,
+"""Fair shares: a GPU-hour split over every pod that held it, time-sliced GPUs split per step,
 SM activity beside utilization, and a run's cost from its own pods in its own window. On lakes built by
 hand, with every expected dollar computed here from the price table.
 

@@ -28,7 +28,7 @@ PRICE = 27.44705  # p4de.24xlarge, us-east-1 (foxhunt_obs/data/prices.yaml)
     [
         ("3g.40gb", "NVIDIA H100 80GB HBM3", 3 / 7),
         ("1g.10gb+me", "NVIDIA A100-SXM4-80GB", 1 / 7),
-        ("7g.79gb", "NVIDIA A100 80GB PCIe", 1.0),  # as dcgm-exporter issue #713 shows one reported
+        ("7g.79gb", "NVIDIA A100 80GB PCIe", 1.0),  # as NVIDIA/dcgm-exporter issue #713 shows one reported
         ("1g.6gb", "NVIDIA A30", 1 / 4),
         ("2g.20gb", "NVIDIA A800-SXM4-80GB", 2 / 7),
     ],

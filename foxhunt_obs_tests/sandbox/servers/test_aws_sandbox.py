@@ -459,7 +459,7 @@ def test_cloudwatch_equals_truth(small, seeded, server):
         ]
         assert len(want) == 60 and answer == want, (metric, stat)
     free_min = bills.fsx_free_min(small, "foxhunt-scratch", start, end)
-    assert free_min[0][1] > 500e9 > free_min[-1][1]  # the fill crosses seed 000's alarm threshold
+    assert free_min[0][1] > 500e9 > free_min[-1][1]  # the fill crosses fsx_low_space's threshold
 
 
 def test_cur_objects_and_manifest(small, seeded, server):
