@@ -19,6 +19,7 @@ patterns it looks for.
 import re
 import subprocess
 import unicodedata
+from bisect import bisect_right
 from functools import cache
 from pathlib import Path
 
@@ -47,6 +48,7 @@ MD_LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 MD_REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 EXPLICIT_ID = re.compile(r"\{[^}]*#([\w-]+)[^}]*\}\s*$")
+MD_ANY_LINK = re.compile(r"\]\(|^\s{0,3}\[[^\]]+\]:", re.M)
 FENCE = re.compile(r"^\s*(```|~~~)")
 
 
@@ -178,13 +180,21 @@ def _bare_paths(rel: str, line: str, markdown: bool) -> list[str]:
 
 
 def scan(rel: str) -> list[str]:
+    """The problems of one file, file:line each. Each pattern runs over the whole text once; only the lines
+    it hits are looked at closely."""
     markdown = rel.endswith(".md")
+    text = (REPO / rel).read_text(encoding="utf-8")
+    lines = text.split("\n")
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+    patterns = [pattern for pattern, _ in OUTSIDE] + [ISSUE, BARE_PATH] + ([MD_ANY_LINK] if markdown else [])
+    hit = sorted({bisect_right(starts, m.start()) - 1 for p in patterns for m in p.finditer(text)})
     problems = []
-    for n, line in enumerate((REPO / rel).read_text(encoding="utf-8").splitlines(), 1):
+    for i in hit:
+        line = lines[i].rstrip("\r")
         found = _outside_references(line) + _bare_paths(rel, line, markdown)
         if markdown:
             found += _markdown_links(rel, line)
-        problems += [f"{rel}:{n}: {why}" for why in found]
+        problems += [f"{rel}:{i + 1}: {why}" for why in found]
     return problems
 
 
