@@ -1,4 +1,5 @@
-"""Benchmark: the foxhunt GPU exporter against the seed's nvidia-smi-per-poll approach, in one run.
+"""Benchmark: the foxhunt GPU exporter against an nvidia-smi-per-poll approach ("seed": spawn the tool on
+every poll, the obvious alternative), in one run.
 
   scrape   /metrics latency over HTTP on 127.0.0.1 (keep-alive client, 2,000 scrapes per format) of a real
            exporter process with 8 and 64 fake GPUs; its RSS and CPU per scrape from /proc
@@ -190,7 +191,7 @@ def smi_stand_in(tmp: Path, gpus: int) -> str:
 
 
 def bench_seed(gpus: int, polls: int, tmp: Path) -> dict:
-    """The seed's way: one nvidia-smi process per poll, CSV parsed into floats."""
+    """The "seed" way: one nvidia-smi process per poll, CSV parsed into floats."""
     real = shutil.which("nvidia-smi")
     command = [real or smi_stand_in(tmp, gpus), *SMI_QUERY]
     walls, cpus = [], []
