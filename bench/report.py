@@ -10,7 +10,7 @@ is timed on the first day's hours (lake.ingest_parts_ms_per_hour). No MLflow tab
 empty, so outcome_per_dollar is empty, as on a cluster without runs.
 
   ours    what the assets do, without Dagster, for a run of the 7 days: gpu_hourly -> cost_allocation ->
-          utilization_per_dollar -> outcome_per_dollar (the functions the assets call, lib/tables/daily.py:
+          utilization_per_dollar -> outcome_per_dollar (the functions the assets call, in lib/tables/:
           each partition written, each asset's metadata queries and checks run), then weekly_cost_report
           (weekly_report_data + render_weekly_report + Lake.write_files; its matplotlib import counted, as
           the asset imports it lazily)
@@ -503,16 +503,18 @@ def run_ours(root: str, from_samples: bool = False) -> dict:
 
     t_all, c_all = time.perf_counter(), cpu_s()
 
-    # the four daily tables, by the functions their assets call (lib/tables/daily.py), metadata included
-    from foxhunt_obs.lib.tables import daily as tables
+    # the four daily tables, by the functions their assets call (lib/tables/), metadata included
+    from foxhunt_obs.lib.tables.cost_allocation import cost_allocation
+    from foxhunt_obs.lib.tables.gpu_hourly import gpu_hourly
+    from foxhunt_obs.lib.tables.per_dollar import outcome_per_dollar, utilization_per_dollar
 
     with timer("cost_allocation", "prices"):
         prices = load_price_table("us-east-1")
     for st, call in (
-        ("gpu_hourly", lambda: tables.gpu_hourly(store, days)),
-        ("cost_allocation", lambda: tables.cost_allocation(store, days, prices)),
-        ("utilization_per_dollar", lambda: tables.utilization_per_dollar(store, days)),
-        ("outcome_per_dollar", lambda: tables.outcome_per_dollar(store, days)),
+        ("gpu_hourly", lambda: gpu_hourly(store, days)),
+        ("cost_allocation", lambda: cost_allocation(store, days, prices)),
+        ("utilization_per_dollar", lambda: utilization_per_dollar(store, days)),
+        ("outcome_per_dollar", lambda: outcome_per_dollar(store, days)),
     ):
         t0, c0 = time.perf_counter(), cpu_s()
         built = call()

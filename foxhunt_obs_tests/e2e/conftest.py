@@ -58,7 +58,9 @@ def small_priced_lake(small, prometheus, tmp_path_factory):
     from foxhunt_obs.lib.lake import Lake
     from foxhunt_obs.lib.schemas import COSTS_DAILY, COSTS_HOURLY
     from foxhunt_obs.lib.sources.prometheus import PrometheusClient
-    from foxhunt_obs.lib.tables import daily, gpu
+    from foxhunt_obs.lib.tables import gpu
+    from foxhunt_obs.lib.tables.cost_allocation import cost_allocation
+    from foxhunt_obs.lib.tables.gpu_hourly import gpu_hourly
 
     client = PrometheusClient(prometheus.url)
     lake = Lake(str(tmp_path_factory.mktemp("priced-lake")))
@@ -68,8 +70,8 @@ def small_priced_lake(small, prometheus, tmp_path_factory):
     catalog, settings = load_catalog(), ClusterResource().settings()
     gpu.gpu_samples(lake, client, catalog, settings, hours)
     gpu.node_samples(lake, client, catalog, settings, hours)
-    daily.gpu_hourly(lake, [day])
+    gpu_hourly(lake, [day])
     for spec in (COSTS_HOURLY, COSTS_DAILY):
         lake.write_partition(spec, spec.key(day), spec.schema.empty_table())
-    built = daily.cost_allocation(lake, [day], load_price_table("us-east-1"))
+    built = cost_allocation(lake, [day], load_price_table("us-east-1"))
     return lake, pa.concat_tables(built.partitions.values()).to_pandas()

@@ -12,8 +12,8 @@ from foxhunt_obs.defs.resources import (
 )
 from foxhunt_obs.lib import schemas
 from foxhunt_obs.lib.ingest.metric_catalog import load_catalog
-from foxhunt_obs.lib.tables import daily as tables
 from foxhunt_obs.lib.tables import gpu as gpu_tables
+from foxhunt_obs.lib.tables import gpu_hourly as hourly
 
 GPU_SAMPLES_CHECKS = [
     dg.AssetCheckSpec(
@@ -114,5 +114,5 @@ def node_samples(
 )
 def gpu_hourly(context: dg.AssetExecutionContext, lake: LakeResource):
     yield from assetkit.results(
-        assetkit.build(tables.gpu_hourly, lake.lake(), days_of(context.partition_time_window))
+        assetkit.build(hourly.gpu_hourly, lake.lake(), days_of(context.partition_time_window))
     )

@@ -17,7 +17,8 @@ from foxhunt_obs.defs.resources import (
 from foxhunt_obs.lib import schemas
 from foxhunt_obs.lib.analysis.prices import load_price_table
 from foxhunt_obs.lib.names import CLUSTER_IDLE
-from foxhunt_obs.lib.tables import daily as tables
+from foxhunt_obs.lib.tables import cost_allocation as allocation
+from foxhunt_obs.lib.tables import per_dollar
 
 DAY_TO_DAY = dg.TimeWindowPartitionMapping()
 
@@ -49,7 +50,7 @@ DAY_TO_DAY = dg.TimeWindowPartitionMapping()
 def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource, costs: CostsResource):
     prices = assetkit.build(load_price_table, costs.value("price_region"))
     days = days_of(context.partition_time_window)
-    yield from assetkit.results(assetkit.build(tables.cost_allocation, lake.lake(), days, prices))
+    yield from assetkit.results(assetkit.build(allocation.cost_allocation, lake.lake(), days, prices))
 
 
 @dg.asset(
@@ -66,7 +67,7 @@ def cost_allocation(context: dg.AssetExecutionContext, lake: LakeResource, costs
 )
 def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
     days = days_of(context.partition_time_window)
-    yield from assetkit.results(assetkit.build(tables.utilization_per_dollar, lake.lake(), days))
+    yield from assetkit.results(assetkit.build(per_dollar.utilization_per_dollar, lake.lake(), days))
 
 
 @dg.asset(
@@ -87,7 +88,7 @@ def utilization_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource
 )
 def outcome_per_dollar(context: dg.AssetExecutionContext, lake: LakeResource):
     days = days_of(context.partition_time_window)
-    yield from assetkit.results(assetkit.build(tables.outcome_per_dollar, lake.lake(), days))
+    yield from assetkit.results(assetkit.build(per_dollar.outcome_per_dollar, lake.lake(), days))
 
 
 @dg.asset(

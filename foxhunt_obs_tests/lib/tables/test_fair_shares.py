@@ -26,8 +26,10 @@ from foxhunt_obs.lib.schemas import (
     TRAINING_METRICS,
     TRAINING_RUNS,
 )
-from foxhunt_obs.lib.tables import daily as tables
+from foxhunt_obs.lib.tables.cost_allocation import cost_allocation
 from foxhunt_obs.lib.tables.cost_model import build_outcome_per_dollar
+from foxhunt_obs.lib.tables.gpu_hourly import gpu_hourly
+from foxhunt_obs.lib.tables.per_dollar import utilization_per_dollar
 from foxhunt_obs_tests.lib.lake_rows import node_hour
 
 DAY = datetime(2026, 11, 16, tzinfo=timezone.utc)
@@ -60,21 +62,21 @@ def _samples() -> pa.Table:
 
 @pytest.fixture
 def built(tmp_path):
-    """The hand-built hour through the functions the assets call (lib/tables/daily.py)."""
+    """The hand-built hour through the functions the assets call (lib/tables/gpu_hourly.py, cost_allocation.py, per_dollar.py)."""
     lake = Lake(str(tmp_path / "lake"))
     lake.write_partition(GPU_SAMPLES, "2026-11-16T00", _samples())
     lake.write_partition(NODE_SAMPLES, "2026-11-16T00", node_hour(DAY, NODE, 2, STEP))
     for spec in (COSTS_HOURLY, COSTS_DAILY):
         lake.write_partition(spec, "2026-11-16", spec.schema.empty_table())
-    hourly = tables.gpu_hourly(lake, [DAY]).frame()
-    allocation = tables.cost_allocation(lake, [DAY], load_price_table("us-east-1"))
+    hourly = gpu_hourly(lake, [DAY]).frame()
+    allocation = cost_allocation(lake, [DAY], load_price_table("us-east-1"))
     (check,) = allocation.checks  # no bill in this lake, not even an estimate: nothing to sum to
     assert (
         check.name == "sums_to_the_bill"
         and not check.passed
         and "vs bill (estimate) None" in check.metadata["mismatches"]
     )
-    upd = tables.utilization_per_dollar(lake, [DAY]).frame().set_index("experiment")
+    upd = utilization_per_dollar(lake, [DAY]).frame().set_index("experiment")
     return hourly, allocation.frame(), upd
 
 
@@ -322,8 +324,8 @@ def test_a_one_step_pod_an_unheld_hour_and_a_slice_handed_off(tmp_path):
         lake.write_partition(NODE_SAMPLES, NODE_SAMPLES.key(start), node_hour(start, NODE, 2, STEP))
     for spec in (COSTS_HOURLY, COSTS_DAILY):
         lake.write_partition(spec, "2026-11-16", spec.schema.empty_table())
-    tables.gpu_hourly(lake, [DAY])
-    alloc = tables.cost_allocation(lake, [DAY], load_price_table("us-east-1")).frame()
+    gpu_hourly(lake, [DAY])
+    alloc = cost_allocation(lake, [DAY], load_price_table("us-east-1")).frame()
     alloc["h"] = alloc["hour"].dt.hour
     gpu0 = alloc[alloc.uuid == "GPU-0"].set_index(["h", "pod"])
     assert gpu0.loc[(0, "blip"), "allocated_usd"] == pytest.approx(C * 60 / 3600)
