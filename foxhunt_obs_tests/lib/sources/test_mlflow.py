@@ -212,7 +212,7 @@ def test_backend_store_mode_gives_the_same(mlflow_store):
     only_b = MlflowSource("", experiments=["fox-b"], backend_store_uri=f"sqlite:///{db}").runs()
     assert {r.run_name for r in only_b} == {"b-finished", "b-no-metrics"}
     # opened read-only: this process cannot write MLflow's store
-    con = sql._engine_or_open().raw_connection()
+    con = sql.sql.engine().raw_connection()
     try:
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
             con.cursor().execute("DELETE FROM metrics")
@@ -227,7 +227,7 @@ def test_backend_store_errors_name_the_store(tmp_path):
     with pytest.raises(MlflowSourceError, match=r"empty\.db: experiments: no such table: experiments"):
         MlflowSource("", backend_store_uri=f"sqlite:///{tmp_path}/empty.db").runs()
     pw = MlflowSource("", backend_store_uri="postgresql://fox:s3cret@127.0.0.1:1/mlflow")
-    assert "s3cret" not in pw._where()
+    assert "s3cret" not in pw.where()
 
 
 # ---- errors --------------------------------------------------------------------------------------
