@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from foxhunt_obs.definitions import defs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +44,7 @@ def test_definitions_match_snapshot():
     )
 
 
+@pytest.mark.servers
 def test_dagster_definitions_validate(tmp_path):
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
     out = subprocess.run(

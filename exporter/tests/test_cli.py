@@ -32,6 +32,7 @@ def start(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     raise AssertionError("exporter did not start:\n" + "".join(lines))
 
 
+@pytest.mark.servers
 def test_console_script_serves_plausible_fake_metrics_and_stops_on_sigterm(tmp_path):
     scenario = tmp_path / "two_h100.json"
     scenario.write_text(json.dumps({"gpus": 2, "model": "NVIDIA H100 80GB HBM3", "hostname": "ip-10-0-0-1"}))
@@ -49,6 +50,7 @@ def test_console_script_serves_plausible_fake_metrics_and_stops_on_sigterm(tmp_p
     assert proc.returncode == 0 and "stopping" in err
 
 
+@pytest.mark.servers
 def test_bad_scenario_exits_2(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"gpus": 2, "gpu_count": 3}))
@@ -72,6 +74,7 @@ def test_flag_errors(args, message, monkeypatch, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.servers
 def test_port_in_use_exits_1():
     proc, url = start("--fake", "--listen-address", "127.0.0.1:0")
     try:
@@ -84,6 +87,7 @@ def test_port_in_use_exits_1():
         proc.communicate(timeout=10)
 
 
+@pytest.mark.servers
 def test_stuck_poll_exits_the_process_with_status_3(tmp_path):
     scenario = tmp_path / "hang.json"
     scenario.write_text(json.dumps({"gpus": 1, "faults": [{"kind": "hang", "at": 0.5}]}))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import http.client
 import threading
 
+import pytest
 from exporter_helpers import OPENMETRICS, get, wait_for
 
 
+@pytest.mark.servers
 def test_scrapes_make_zero_backend_calls(make_exporter):
     exporter, fake = make_exporter({"gpus": 8, "faults": [{"kind": "xid", "gpu": 1, "xid": 79}]})
     exporter.poller.poll_once()  # one snapshot, and no poller thread to muddy the count
@@ -24,6 +26,7 @@ def test_scrapes_make_zero_backend_calls(make_exporter):
     assert exporter.exposition.renders == 2  # one per format: nothing changed between scrapes
 
 
+@pytest.mark.servers
 def test_backend_calls_happen_on_the_poller_thread_only(make_exporter):
     exporter, fake = make_exporter({"gpus": 4, "faults": [{"kind": "xid", "gpu": 2, "xid": 48, "at": 0.1}]},
                                    interval=0.02)  # fmt: skip

@@ -24,6 +24,7 @@ def served(make_exporter):
     return exporter, server
 
 
+@pytest.mark.servers
 def test_metrics_and_healthz(served):
     exporter, server = served
     status, headers, body = get(server.url, "/metrics")
@@ -34,6 +35,7 @@ def test_metrics_and_healthz(served):
     assert get(server.url, "/")[0] == 200
 
 
+@pytest.mark.servers
 def test_openmetrics_negotiation(served):
     _, server = served
     # what Prometheus sends: OpenMetrics preferred, text as a fallback
@@ -45,12 +47,14 @@ def test_openmetrics_negotiation(served):
     assert b"# EOF" not in body
 
 
+@pytest.mark.servers
 def test_gzip_when_asked(served):
     _, server = served
     status, headers, body = get(server.url, "/metrics", {"Accept-Encoding": "gzip"})
     assert headers.get("Content-Encoding") == "gzip" and b"foxhunt_gpu_up" in gzip.decompress(body)
 
 
+@pytest.mark.servers
 def test_healthz_503_when_the_poller_is_not_running(make_exporter):
     exporter, _ = make_exporter({"gpus": 1})
     server = exporter.serve("127.0.0.1:0")  # never started: no poller thread
@@ -59,6 +63,7 @@ def test_healthz_503_when_the_poller_is_not_running(make_exporter):
     assert get(server.url, "/metrics")[0] == 200  # /metrics still serves what it has
 
 
+@pytest.mark.servers
 def test_healthz_503_when_the_poll_is_stuck(make_exporter):
     exporter, fake = make_exporter({"gpus": 1}, interval=0.05, stuck_after=0.2, on_stuck=lambda: None)
     exporter.start()
@@ -69,6 +74,7 @@ def test_healthz_503_when_the_poll_is_stuck(make_exporter):
     assert get(server.url, "/healthz")[2] == b"poll stuck in the driver\n"
 
 
+@pytest.mark.servers
 def test_basic_auth(make_exporter, caplog):
     exporter, _ = make_exporter({"gpus": 1})
     exporter.poller.poll_once()
@@ -115,6 +121,7 @@ def _self_signed(tmp_path: Path) -> tuple[str, str]:
     return str(cert_path), str(key_path)
 
 
+@pytest.mark.servers
 def test_tls_with_a_self_signed_certificate(make_exporter, tmp_path):
     cert, key = _self_signed(tmp_path)
     exporter, _ = make_exporter({"gpus": 1})
@@ -147,6 +154,7 @@ def test_parse_address_rejects(address):
         parse_address(address)
 
 
+@pytest.mark.servers
 def test_connection_threads_are_capped(served):
     """A client that opens connections and sends nothing holds a thread each: past the cap a new
     connection is closed at once, and the slots come back when the idle ones go."""

@@ -246,6 +246,7 @@ def test_registration_never_clashes_and_the_process_has_one_telemetry():
     assert training.telemetry() is training.telemetry()
 
 
+@pytest.mark.servers
 def test_served_over_http_once_per_process():
     t = telemetry()
     server = t.serve(0, host="127.0.0.1")

@@ -43,6 +43,7 @@ def train(t: training.Telemetry, fold: int, fail: bool = False) -> None:
         f.checkpoint_saved(2.0, size_bytes=1 << 20)
 
 
+@pytest.mark.servers
 def test_each_fold_is_an_mlflow_run_the_batch_side_attributes_to_the_pod(mlflow_url, monkeypatch):
     from foxhunt_obs.lib.ingest.mlflow_sync import snapshot_row
     from foxhunt_obs.lib.sources.mlflow import MlflowSource
@@ -140,6 +141,7 @@ MLFLOW_HTTP = (
 )
 
 
+@pytest.mark.servers
 def test_a_call_to_an_mlflow_that_never_answers_gives_up_within_its_bound(silent, monkeypatch, caplog):
     for name in MLFLOW_HTTP:
         monkeypatch.delenv(name, raising=False)  # MLflow's defaults would be 120 s a request, 7 retries
@@ -154,6 +156,7 @@ def test_a_call_to_an_mlflow_that_never_answers_gives_up_within_its_bound(silent
     assert not [name for name in MLFLOW_HTTP if name in os.environ]  # ours only while the call ran
 
 
+@pytest.mark.servers
 def test_mlflow_variables_the_user_set_are_left_alone(silent, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
@@ -164,6 +167,7 @@ def test_mlflow_variables_the_user_set_are_left_alone(silent, monkeypatch):
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
 
 
+@pytest.mark.servers
 def test_a_run_whose_metric_call_failed_logs_no_more_metrics(silent, monkeypatch):
     """One hung run costs one call's bound, not one per metric still queued."""
     for name in MLFLOW_HTTP:
@@ -208,6 +212,7 @@ def run_trainer(url: str, experiment: str, exit_wait: float) -> subprocess.Compl
     )
 
 
+@pytest.mark.servers
 def test_runs_still_queued_at_exit_are_ended(mlflow_url):
     r = run_trainer(mlflow_url, "exit-ended", exit_wait=60.0)  # generous: the machine may be busy
     assert r.returncode == 0, r.stderr[-2000:]
@@ -221,6 +226,7 @@ def test_runs_still_queued_at_exit_are_ended(mlflow_url):
     assert runs["ppo-policy-fold-0"].data.metrics["epoch_loss"] == pytest.approx(0.4)
 
 
+@pytest.mark.servers
 def test_at_exit_an_mlflow_that_never_answers_costs_a_bounded_wait_and_the_runs_are_named(silent):
     url = silent.url.replace("http://", "http://trainer:s3cret-pw@")
     r = run_trainer(url, "exit-silent", exit_wait=2.0)

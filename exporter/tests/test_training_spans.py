@@ -165,6 +165,7 @@ for fold in range(2):
 """
 
 
+@pytest.mark.servers
 def test_fold_spans_reach_an_otlp_http_receiver_in_the_wire_format(tmp_path):
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
     # the repo's receiver: it takes only POST /v1/traces as application/x-protobuf, decoded with

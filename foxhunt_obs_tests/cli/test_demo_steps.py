@@ -43,6 +43,7 @@ def dagster_home(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
 
 
+@pytest.mark.servers
 def test_steps_wait_for_the_groups_they_read_and_run_side_by_side(tmp_path):
     out = tmp_path / "ran"
     out.mkdir()
@@ -66,6 +67,7 @@ def test_steps_wait_for_the_groups_they_read_and_run_side_by_side(tmp_path):
     assert sorted(seen) == sorted([("a1", True), ("a2", True), ("b1", True), ("c1", True)])
 
 
+@pytest.mark.servers
 def test_a_failed_step_stops_what_has_not_started(tmp_path):
     out = tmp_path / "ran"
     out.mkdir()
@@ -82,6 +84,7 @@ def test_a_failed_step_stops_what_has_not_started(tmp_path):
     assert payloads == {"a": ["a1"], "b": [], "c": []}
 
 
+@pytest.mark.servers
 def test_an_exception_in_a_step_is_its_failure_with_its_message(tmp_path):
     ok, payloads = run_steps([Step("c", boom, ("no lake",))], max_workers=1)
     assert not ok and payloads == {"c": ["c: ValueError: no lake"]}

@@ -16,7 +16,7 @@ from foxhunt_obs.sandbox.story.aws_scenario import StrayInstance
 from foxhunt_obs.sandbox.story.scenario import load_scenario
 from foxhunt_obs.sandbox.writers import bills
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
 T0 = datetime(2026, 11, 16, tzinfo=timezone.utc)
 EVERY_S = 600

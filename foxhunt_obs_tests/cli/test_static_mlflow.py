@@ -13,7 +13,7 @@ from foxhunt_obs.lib.sources.mlflow import MlflowSource
 from foxhunt_obs.sandbox.servers.mlflow_server import MlflowServer, build_store, copy_store
 from foxhunt_obs.sandbox.story.scenario import load_scenario
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(600)]
 
 
 class Counting:

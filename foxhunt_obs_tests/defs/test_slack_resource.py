@@ -127,6 +127,7 @@ def test_the_definitions_register_the_slack_resource(monkeypatch):
     assert isinstance(resource.token, dg.EnvVar) and resource.token == "SLACK_BOT_TOKEN"
 
 
+@pytest.mark.servers
 def test_the_alert_sensors_deliver_through_the_slack_resource(lake, slack, monkeypatch, caplog):
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-replaced-before-the-tick")
     monkeypatch.setenv("FOXHUNT_REPORT_SLACK_API_URL", slack.url + "/api/")
@@ -153,6 +154,7 @@ def test_the_alert_sensors_deliver_through_the_slack_resource(lake, slack, monke
     assert TOKEN not in caplog.text
 
 
+@pytest.mark.servers
 def test_the_sensors_use_the_resource_they_are_given(lake, slack, monkeypatch):
     # no SLACK_BOT_TOKEN: only the resource's own token and base_url can reach the stand-in
     monkeypatch.setenv("FOXHUNT_ALERT_SLACK_CHANNEL", CHANNEL)
@@ -167,6 +169,7 @@ def test_the_sensors_use_the_resource_they_are_given(lake, slack, monkeypatch):
     assert {r["headers"]["Authorization"] for r in slack.requests} == {"Bearer xoxb-4444-configured"}
 
 
+@pytest.mark.servers
 def test_without_slack_the_definitions_load_and_the_sensors_still_run(lake):
     definitions = defs()
     assert definitions.resources["slack"].get_client().token == ""
@@ -182,6 +185,7 @@ def test_without_slack_the_definitions_load_and_the_sensors_still_run(lake):
     ]
 
 
+@pytest.mark.servers
 def test_a_broken_overrides_file_does_not_stop_alerting(lake, tmp_path, monkeypatch):
     """A typo in FOXHUNT_ALERT_RULES keeps the last good rules, and says which line."""
     definitions = defs()
@@ -207,6 +211,7 @@ def test_a_broken_overrides_file_does_not_stop_alerting(lake, tmp_path, monkeypa
     assert not result.skip_message.startswith("1 rules evaluated")  # every enabled rule of the catalog
 
 
+@pytest.mark.servers
 def test_an_alert_links_to_the_sensor_under_the_location_the_tick_runs_in(lake, slack, monkeypatch):
     """The daemon names the code location as the deployment's workspace does (the Helm chart's, or
     workspace.yaml's): the alert's link into the Dagster UI follows it, not a literal."""

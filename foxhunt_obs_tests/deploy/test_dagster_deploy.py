@@ -485,6 +485,7 @@ def code_server(tmp_path):
         log.close()
 
 
+@pytest.mark.servers
 def test_the_image_command_serves_the_definitions_over_grpc(code_server):
     import dagster as dg
     from dagster._core.remote_origin import GrpcServerCodeLocationOrigin

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from foxhunt_obs_tests.paths import REPO
 
 IGNORE = REPO / "deploy" / "dagster" / "Dockerfile.dockerignore"
@@ -60,6 +62,7 @@ def test_the_matcher_reads_dockerignore_as_buildkit_does():
     assert not admitted("Makefile", rules)
 
 
+@pytest.mark.servers
 def test_the_image_has_no_sandbox_and_still_serves_the_code_location(tmp_path):
     ctx = tmp_path / "context"
     kept = build_context(ctx)

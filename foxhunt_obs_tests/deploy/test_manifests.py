@@ -246,6 +246,7 @@ def test_the_exporter_cli_accepts_the_manifests_arguments(exporter_container, jo
     assert args.mode == "sidecar" and args.listen_address == ":9095"
 
 
+@pytest.mark.servers
 def test_the_sidecar_labels_gpus_with_its_pod(job, tmp_path):
     """Run the exporter (fake GPUs) with the sidecar's args and env, the Downward API values filled in."""
     sidecar, trainer = job_containers(job)

@@ -15,14 +15,15 @@ def small():
 
 
 @pytest.fixture(scope="session")
-def small_tsdb(small, tmp_path_factory):
-    return build_tsdb(small, tmp_path_factory.mktemp("sandbox-cache"))
+def small_tsdb(small, built_once):
+    """The small scenario's TSDB, built once for the run (every xdist worker's servers run on copies)."""
+    return built_once("sandbox-cache", lambda cache: build_tsdb(small, cache))
 
 
 @pytest.fixture(scope="session")
-def small_mlflow_store(small, tmp_path_factory):
-    """The small scenario's MLflow store, built once (runs logged into a real server)."""
-    return build_store(small, tmp_path_factory.mktemp("mlflow-cache"))
+def small_mlflow_store(small, built_once):
+    """The small scenario's MLflow store, built once for the run (runs logged into a real server)."""
+    return built_once("mlflow-cache", lambda cache: build_store(small, cache))
 
 
 @pytest.fixture(scope="session")

@@ -146,6 +146,7 @@ def test_one_ahead_raises_an_items_error_at_that_item_and_fetches_nothing_after(
     assert list(one_ahead([], fetch)) == []
 
 
+@pytest.mark.servers
 def test_a_hung_call_does_not_hold_the_process_at_exit():
     script = (
         "import time\n"

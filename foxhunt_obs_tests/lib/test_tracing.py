@@ -212,6 +212,7 @@ def test_every_boto3_call_is_a_span_after_the_aws_sdk_conventions(moto_s3, monke
     assert "aws-secret-9f8e7d6c" not in json.dumps(receiver.spans)
 
 
+@pytest.mark.servers
 def test_a_flush_against_a_collector_that_never_answers_waits_at_most_flush_s(monkeypatch):
     """A collector that accepts connections and never answers: the SDK's own force_flush held the step for
     the exporter's whole timeout (10 s, retries included); ours gives up after FLUSH_S and the span stays

@@ -16,6 +16,8 @@ from foxhunt_obs.sandbox.servers.local_server import free_port, kill_group
 from foxhunt_obs.sandbox.servers.prometheus import RECORDING_RULES, TRAINER_JOB, PrometheusServer
 from foxhunt_obs_tests.deploy.test_dashboards import COCKPIT, VARIABLES, load, panels, substitute
 
+pytestmark = pytest.mark.servers
+
 FOLDS, EPOCHS, BATCHES, GPUS = 2, 2, 3, 2
 # 0.25 s a batch: an epoch lasts 0.75 s, so a 0.5 s scrape sees each fold at 0 before its NaN (epoch 1)
 ARGS = ("--model", "toy-logreg", "--folds", str(FOLDS), "--epochs", str(EPOCHS), "--batches", str(BATCHES),

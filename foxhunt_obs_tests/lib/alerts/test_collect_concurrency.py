@@ -21,7 +21,7 @@ from foxhunt_obs.lib.sources.prometheus import QUERIES_AT_ONCE, PrometheusClient
 from foxhunt_obs.sandbox.servers import prometheus as sandbox_prometheus
 from foxhunt_obs.sandbox.servers.prometheus import PrometheusServer, backfill_openmetrics
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
 T0 = datetime(2026, 11, 16, tzinfo=timezone.utc)
 NOW = T0 + timedelta(minutes=50)
 STEP_S = 15

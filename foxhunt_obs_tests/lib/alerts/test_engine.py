@@ -21,6 +21,7 @@ from foxhunt_obs.sandbox.servers.alertmanager import ALERTMANAGER, AlertmanagerS
 from foxhunt_obs.sandbox.servers.local_server import free_port
 
 pytestmark = [
+    pytest.mark.servers,
     pytest.mark.timeout(120),
     pytest.mark.skipif(
         not Path(ALERTMANAGER).exists(), reason="prometheus-alertmanager not installed (make install)"

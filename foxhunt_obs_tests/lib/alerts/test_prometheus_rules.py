@@ -90,6 +90,7 @@ def test_templates_convert_to_prometheus():
         to_prometheus_template(stall, "{value!r}")
 
 
+@pytest.mark.servers
 def test_promtool_checks_the_alert_rules():
     out = subprocess.run(["promtool", "check", "rules", str(ALERTS)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -527,6 +528,7 @@ def _s(duration: str) -> float:
     return parse_duration(duration)
 
 
+@pytest.mark.servers
 def test_promtool_unit_tests_every_alert_through_the_recording_rules(tmp_path):
     """One promtool process per rule, run side by side (each evaluates all rules at every step)."""
     runs = {}

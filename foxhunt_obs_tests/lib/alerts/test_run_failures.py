@@ -85,6 +85,7 @@ def _sinks(receiver: Receiver, lake: Lake) -> list:
     return [WebhookSink(receiver.url, "s3cret", retries=0), LakeAlertSink(lake)]
 
 
+@pytest.mark.servers
 def test_a_refused_notice_is_sent_next_tick_and_never_twice(receiver, tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     cursor = run_failures.Cursor.load(None, NOW)
@@ -120,6 +121,7 @@ def test_a_refused_notice_is_sent_next_tick_and_never_twice(receiver, tmp_path):
     ]
 
 
+@pytest.mark.servers
 def test_a_notice_refused_for_pending_max_is_dropped_loudly(receiver, tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     receiver.refusing = True
@@ -137,6 +139,7 @@ def test_a_notice_refused_for_pending_max_is_dropped_loudly(receiver, tmp_path):
     assert rows == [{"fingerprint": "run-1", "sent_to": "lake,dropped"}]
 
 
+@pytest.mark.servers
 def test_a_hanging_sink_does_not_hold_the_tick(receiver, tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     receiver.delay_s = 8.0  # longer than the sink's budget; its socket timeout (10 s) never trips
@@ -177,6 +180,7 @@ def _ms(t: datetime) -> str:
     return str(int(t.timestamp() * 1000))
 
 
+@pytest.mark.servers
 def test_a_failed_run_links_to_its_trace_in_every_sink(receiver, tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     started = NOW - timedelta(minutes=9, seconds=30)
@@ -205,6 +209,7 @@ def test_a_failed_run_links_to_its_trace_in_every_sink(receiver, tmp_path):
     assert alert["annotations"]["trace_url"] == expected
 
 
+@pytest.mark.servers
 def test_without_a_trace_template_a_failed_run_carries_no_link(receiver, tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     run = run_failures.FailedRun(RUN_ID, "gpu_ingest_job", NOW - timedelta(minutes=5), "it failed", NOW)

@@ -23,7 +23,7 @@ from foxhunt_obs.lib.sources.mlflow import MlflowSource
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 from foxhunt_obs.sandbox.servers.slack_standin import SlackStandIn
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
 SOURCES_S, SINK_S, DELIVERY_S = 2.0, 2.0, 4.0
 _STOP = threading.Event()  # set when a test ends: stalled handlers return, abandoned reads finish
 HOT = [

@@ -150,6 +150,7 @@ def _by_fingerprint(am: AlertmanagerServer, **filters) -> dict[str, dict]:
     return {a["labels"]["foxhunt_fingerprint"]: a for a in am.alerts(**filters)}
 
 
+@pytest.mark.servers
 @needs_alertmanager
 def test_alertmanager_shows_firing_alerts_then_drops_them_when_resolved(alertmanager):
     sink = AlertmanagerSink(alertmanager.url)
@@ -203,6 +204,7 @@ def test_alertmanager_shows_firing_alerts_then_drops_them_when_resolved(alertman
     assert alertmanager.alerts() == []
 
 
+@pytest.mark.servers
 @needs_alertmanager
 def test_alertmanager_resolves_a_firing_alert_when_its_ttl_lapses(alertmanager):
     sink = AlertmanagerSink(alertmanager.url, firing_ttl=timedelta(seconds=1.5))
@@ -212,6 +214,7 @@ def test_alertmanager_resolves_a_firing_alert_when_its_ttl_lapses(alertmanager):
     assert "fp-am-ttl" not in _by_fingerprint(alertmanager)
 
 
+@pytest.mark.servers
 @needs_alertmanager
 def test_alertmanager_4xx_is_raised_at_once_with_its_message(alertmanager):
     sink = AlertmanagerSink(alertmanager.url + "/no/such/prefix")
@@ -235,6 +238,7 @@ def test_alertmanager_down_names_the_url_not_the_password(fast_retries, caplog):
     assert AM_PASSWORD not in message + repr(sink) + caplog.text and unchained(info.value)
 
 
+@pytest.mark.servers
 def test_alertmanager_5xx_is_retried_4xx_is_not(receiver, fast_retries):
     sink = AlertmanagerSink(receiver.url)
     receiver.script = [(503, "busy"), (500, "oops")]
@@ -254,6 +258,7 @@ def test_alertmanager_5xx_is_retried_4xx_is_not(receiver, fast_retries):
 
 
 # -- the signed webhook -----------------------------------------------------------------------------------------
+@pytest.mark.servers
 def test_webhook_body_is_signed_with_the_secret(receiver, caplog, capsys):
     caplog.set_level(logging.DEBUG)
     a = note("fp-wh-a")
@@ -282,6 +287,7 @@ def test_webhook_body_is_signed_with_the_secret(receiver, caplog, capsys):
     assert SECRET not in caplog.text + "".join(capsys.readouterr()) + repr(sink)
 
 
+@pytest.mark.servers
 def test_webhook_errors_never_show_the_secret(receiver, fast_retries, caplog):
     caplog.set_level(logging.DEBUG)
     sink = WebhookSink(receiver.url + "/hook?token=q-token-do-not-log", SECRET)
@@ -314,6 +320,7 @@ def slack():
     stand_in.close()
 
 
+@pytest.mark.servers
 def test_slack_posts_one_message_per_notification(slack, caplog, capsys):
     caplog.set_level(logging.DEBUG)
     start = datetime(2026, 11, 29, 13, 0, tzinfo=timezone.utc)
@@ -337,6 +344,7 @@ def test_slack_posts_one_message_per_notification(slack, caplog, capsys):
     assert TOKEN not in caplog.text + "".join(capsys.readouterr()) + repr(sink)
 
 
+@pytest.mark.servers
 def test_slack_error_names_the_channel_not_the_token(slack, caplog):
     caplog.set_level(logging.DEBUG)
     sink = SlackAlertSink("#no-such-channel", slack_web_client(TOKEN, slack.url + "/api/"))
@@ -442,6 +450,7 @@ def test_configured_sinks(tmp_path):
         )
 
 
+@pytest.mark.servers
 def test_deliver_all_tries_every_sink_and_records_who_accepted(tmp_path, receiver, fast_retries):
     lake = Lake(tmp_path / "lake")
     dead = f"http://127.0.0.1:{free_port()}"

@@ -81,6 +81,7 @@ def _untracked_key(row: dict) -> tuple[str, tuple]:
     return _key(UNTRACKED, **{k: v for k, v in row.items() if k != "usd_per_hour"})
 
 
+@pytest.mark.servers
 def test_pushed_values_read_back_exactly(gateway):
     n = push_spend(gateway.url, untracked=[NOTEBOOK, BUILDER], lake_daily=LAKE, timeout_s=5)
     assert n == 2 + 3 + 2  # no idle sample where idle is unknown
@@ -97,6 +98,7 @@ def test_pushed_values_read_back_exactly(gateway):
     assert types[UNTRACKED] == types[LAKE_COST] == types[LAKE_IDLE] == "gauge"
 
 
+@pytest.mark.servers
 def test_the_bills_effective_rates_are_pushed_for_the_live_rules(gateway):
     from foxhunt_obs.lib.names import EFFECTIVE_PRICE_METRIC
 
@@ -112,6 +114,7 @@ def test_the_bills_effective_rates_are_pushed_for_the_live_rules(gateway):
     }
 
 
+@pytest.mark.servers
 def test_a_push_replaces_the_group_so_a_stopped_instance_disappears(gateway):
     job = "spend-replace"
     push_spend(gateway.url, untracked=[NOTEBOOK, BUILDER], lake_daily=LAKE, job=job)
@@ -127,6 +130,7 @@ def test_a_push_replaces_the_group_so_a_stopped_instance_disappears(gateway):
     assert pushed(gateway, job) == {}  # nothing running, nothing in the lake: nothing shown
 
 
+@pytest.mark.servers
 def test_other_groups_are_left_alone(gateway):
     push_spend(gateway.url, untracked=[BUILDER], lake_daily=[], job="spend-a")
     push_spend(gateway.url, untracked=[NOTEBOOK], lake_daily=[], job="spend-b")
@@ -180,6 +184,7 @@ def stand_in():
         server.server_close()
 
 
+@pytest.mark.servers
 def test_credentials_go_as_basic_auth_and_a_refusal_is_clear(stand_in):
     port = stand_in.server_address[1]
     with pytest.raises(PushgatewayError) as e:
@@ -193,6 +198,7 @@ def test_credentials_go_as_basic_auth_and_a_refusal_is_clear(stand_in):
     assert "bad credentials *** / ***" in text and PASSWORD not in text  # echoed credentials masked too
 
 
+@pytest.mark.servers
 def test_a_slow_gateway_is_cut_at_the_timeout(stand_in):
     stand_in.answer = (None, "")
     t0 = time.monotonic()
@@ -203,6 +209,7 @@ def test_a_slow_gateway_is_cut_at_the_timeout(stand_in):
     assert time.monotonic() - t0 < 2.5
 
 
+@pytest.mark.servers
 def test_a_gateway_that_rejects_the_figures_says_why(tmp_path):
     with PushgatewayServer(workdir=tmp_path) as fresh:
         # another group holds the same name as a counter: the gateway refuses our gauge as inconsistent
@@ -237,6 +244,7 @@ def test_bad_rows_are_named_before_anything_is_sent(untracked, lake, message):
         push_spend(f"http://127.0.0.1:{free_port()}", untracked=untracked, lake_daily=lake)
 
 
+@pytest.mark.servers
 def test_rows_as_a_dataframe_gives_them(gateway):
     """What a lake query hands over: Timestamp days at midnight, NaN for unknown idle and missing names."""
     import pandas as pd
@@ -265,6 +273,7 @@ def test_rows_as_a_dataframe_gives_them(gateway):
         )
 
 
+@pytest.mark.servers
 def test_prometheus_scraping_the_gateway_answers_the_pushed_series(gateway, tmp_path):
     job = "spend-scraped"
     push_spend(gateway.url, untracked=[NOTEBOOK, BUILDER], lake_daily=LAKE, job=job)

@@ -184,6 +184,7 @@ def _parts(raw: bytes):
     return msg, body, attachments
 
 
+@pytest.mark.servers
 def test_email_over_starttls_with_login(smtp, report, monkeypatch, caplog, capsys):
     inbox, port = smtp
     monkeypatch.setenv("FOXHUNT_REPORT_SMTP_USER", "reporter")
@@ -231,6 +232,7 @@ def test_email_over_starttls_with_login(smtp, report, monkeypatch, caplog, capsy
     assert PASSWORD not in logs and PASSWORD.encode() not in got["raw"]
 
 
+@pytest.mark.servers
 def test_wrong_password_names_the_server_not_the_password(smtp, report, monkeypatch, caplog):
     inbox, port = smtp
     monkeypatch.setenv("FOXHUNT_REPORT_SMTP_USER", "reporter")
@@ -248,6 +250,7 @@ def test_wrong_password_names_the_server_not_the_password(smtp, report, monkeypa
     assert inbox.auth and not inbox.auth[0][2] and inbox.messages == []
 
 
+@pytest.mark.servers
 def test_plain_smtp_without_login(report, monkeypatch):
     inbox = Inbox()
     port = _free_port()
@@ -284,6 +287,7 @@ def test_dead_smtp_port_names_host_and_port(report, monkeypatch):
     assert PASSWORD not in str(info.value) and PASSWORD not in repr(info.value) and unchained(info.value)
 
 
+@pytest.mark.servers
 def test_starttls_verifies_the_server_certificate(smtp, report, monkeypatch, tmp_path):
     inbox, port = smtp
     monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "no-such-ca.pem"))  # our CA no longer trusted
@@ -328,6 +332,7 @@ def slack(monkeypatch):
     stand_in.close()
 
 
+@pytest.mark.servers
 def test_slack_posts_the_headline_and_uploads_the_page(slack, report, monkeypatch, caplog, capsys):
     monkeypatch.setenv("FOXHUNT_REPORT_SLACK_CHANNEL", "#gpu-costs")
     caplog.set_level(logging.DEBUG)
@@ -362,6 +367,7 @@ def test_slack_posts_the_headline_and_uploads_the_page(slack, report, monkeypatc
     assert TOKEN not in caplog.text + "".join(capsys.readouterr())
 
 
+@pytest.mark.servers
 def test_slack_error_names_the_channel_not_the_token(slack, report, monkeypatch, caplog):
     monkeypatch.setenv("FOXHUNT_REPORT_SLACK_CHANNEL", "#no-such-channel")
     caplog.set_level(logging.DEBUG)
@@ -376,6 +382,7 @@ def test_slack_error_names_the_channel_not_the_token(slack, report, monkeypatch,
     assert [r["path"] for r in slack.requests] == ["/api/chat.postMessage"]  # nothing uploaded
 
 
+@pytest.mark.servers
 def test_slack_rate_limits_are_retried_a_bounded_number_of_times(slack, report, monkeypatch):
     monkeypatch.setenv("FOXHUNT_REPORT_SLACK_CHANNEL", "#gpu-costs")
     slack.rate_limit_next = 1
@@ -389,6 +396,7 @@ def test_slack_rate_limits_are_retried_a_bounded_number_of_times(slack, report, 
     assert len(slack.requests) == 3  # the call and two retries
 
 
+@pytest.mark.servers
 def test_a_failing_sink_does_not_stop_the_others(slack, report, monkeypatch):
     monkeypatch.setenv("FOXHUNT_REPORT_SLACK_CHANNEL", "#gpu-costs")
     monkeypatch.setenv("FOXHUNT_REPORT_SMTP_HOST", "127.0.0.1")
@@ -405,6 +413,7 @@ def test_a_failing_sink_does_not_stop_the_others(slack, report, monkeypatch):
     assert len(slack.requests) == 4
 
 
+@pytest.mark.servers
 def test_the_callers_slack_client_is_used(slack, report, monkeypatch):
     monkeypatch.setenv("FOXHUNT_REPORT_SLACK_CHANNEL", "#gpu-costs")
     monkeypatch.delenv("SLACK_BOT_TOKEN")  # the client brings its own token, as the Dagster resource's does
@@ -415,6 +424,7 @@ def test_the_callers_slack_client_is_used(slack, report, monkeypatch):
     assert {r["headers"].get("Authorization") for r in slack.requests} == {f"Bearer {other}", None}
 
 
+@pytest.mark.servers
 def test_nothing_configured_sends_nothing(slack, report, monkeypatch):
     # credentials and recipients alone switch nothing on: the SMTP host and the Slack channel do
     monkeypatch.setenv("FOXHUNT_REPORT_EMAIL_TO", "ops@foxhunt.test")

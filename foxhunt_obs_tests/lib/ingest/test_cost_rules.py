@@ -5,6 +5,7 @@ a fresh export by test_recording_rules (a price-table change that is not exporte
 import subprocess
 from decimal import Decimal
 
+import pytest
 import yaml
 
 from foxhunt_obs.lib.analysis.prices import load_price_table
@@ -34,6 +35,7 @@ def test_the_prices_the_figures_assume():
     assert table.get("AmazonEC2", "p5.48xlarge").usd == P5
 
 
+@pytest.mark.servers
 def test_promtool_checks_the_cost_rules():
     out = subprocess.run(["promtool", "check", "rules", str(COST_RULES)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -69,6 +71,7 @@ def _promtool_test(tmp_path, series: list[dict], exprs: list[dict]) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.servers
 def test_node_and_gpu_dollars_per_hour(tmp_path):
     node_labels = 'kube_node_labels{{node="{}",label_node_kubernetes_io_instance_type="{}"}}'
     series = [
@@ -144,6 +147,7 @@ def _holder(metric: str, i: int, value: str = "1x10", **labels: str) -> dict:
     return _series(metric, base, value)
 
 
+@pytest.mark.servers
 def test_holders_idle_dollars_and_experiments(tmp_path):
     """One p4de node, each GPU a case of the batch path's model (docs/cost-model.md), dollars by hand:
     GPU 0 held by trainer-0 (experiment ppo by its pod label) at 75 % util; GPU 1 time-sliced by two pods
@@ -223,6 +227,7 @@ def test_holders_idle_dollars_and_experiments(tmp_path):
     )
 
 
+@pytest.mark.servers
 def test_a_pushed_effective_rate_prices_the_node_before_the_list_price(tmp_path):
     """spend_now pushes the bill's effective $/h (here a Savings Plan's 19.21 for p4de in the table's
     region, and one for another region, which must not count): the p4de node costs that, the p5 node

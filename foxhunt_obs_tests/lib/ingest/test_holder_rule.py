@@ -12,6 +12,8 @@ import subprocess
 import textwrap
 from datetime import datetime, timezone
 
+import pytest
+
 from foxhunt_obs.lib.ingest.gpu_series import Window, gpu_containers
 from foxhunt_obs.lib.ingest.metric_catalog import ScrapeTargets, load_catalog
 from foxhunt_obs.lib.ingest.recording_rules import SOURCE, recording_rules
@@ -156,6 +158,7 @@ tests:
 """
 
 
+@pytest.mark.servers
 def test_generated_recording_rules_agree(tmp_path):
     """The rules as `foxhunt-obs rules export` would write them now, evaluated by promtool."""
     rules = tmp_path / "rules.yaml"
@@ -218,6 +221,7 @@ tests:
 """
 
 
+@pytest.mark.servers
 def test_the_rules_keep_the_holder_through_a_kube_state_metrics_outage(tmp_path):
     """The limit counts for kube.gpu_limits_lookback_s (15 minutes) after it was last seen, as in the ingest
     (test below): 10 minutes into the outage the trainer still holds its GPU, after 16 no longer."""
@@ -235,6 +239,7 @@ def test_the_rules_keep_the_holder_through_a_kube_state_metrics_outage(tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.servers
 def test_the_ingest_counts_a_limit_seen_within_the_same_look_back(tmp_path):
     """A real Prometheus holding kube-state-metrics' limits: a container whose limit was last seen 10
     minutes before the hour counts as given GPUs for the hour, one last seen 20 minutes before does not;

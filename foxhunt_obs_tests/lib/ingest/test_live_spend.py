@@ -18,6 +18,8 @@ from foxhunt_obs.lib.ingest.live_spend import (
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient
 from foxhunt_obs.sandbox.servers.prometheus import PROMTOOL, PrometheusServer
 
+pytestmark = pytest.mark.servers
+
 T0 = datetime(2026, 1, 5, tzinfo=timezone.utc)  # on every step grid
 H = timedelta(hours=1)
 # What Prometheus holds (minutes from T0, a sample at +30 s of each):

@@ -3,6 +3,7 @@
 import subprocess
 import textwrap
 
+import pytest
 import yaml
 
 from foxhunt_obs.cli import export_rules
@@ -21,6 +22,7 @@ def test_checked_in_rules_are_what_the_catalog_generates(tmp_path, monkeypatch):
         )
 
 
+@pytest.mark.servers
 def test_promtool_checks_the_rules():
     out = subprocess.run(
         ["promtool", "check", "rules", str(CHECKED_IN / "foxhunt-recording-rules.yaml")],
@@ -119,6 +121,7 @@ tests:
 """
 
 
+@pytest.mark.servers
 def test_rules_normalise_labels_units_and_dedupe(tmp_path):
     test = tmp_path / "test.yaml"
     text = textwrap.dedent(UNIT_TEST).format(rules=CHECKED_IN / "foxhunt-recording-rules.yaml")

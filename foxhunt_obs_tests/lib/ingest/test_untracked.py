@@ -48,6 +48,7 @@ def eks_prometheus(tmp_path_factory):
         yield PrometheusClient(server.url)
 
 
+@pytest.mark.servers
 def test_cluster_instance_ids_read_from_a_real_prometheus(eks_prometheus):
     assert cluster_instance_ids(eks_prometheus, NOW) == {"i-0410cf13f3a172fda", "i-0cb394de0d85bc21b"}
     # 15 minutes after the last sample the nodes are gone from the look-back: an error, never "no nodes"
@@ -55,6 +56,7 @@ def test_cluster_instance_ids_read_from_a_real_prometheus(eks_prometheus):
         cluster_instance_ids(eks_prometheus, NOW + timedelta(minutes=16))
 
 
+@pytest.mark.servers
 def test_nodes_without_an_ec2_provider_id_are_an_error(tmp_path):
     """kube-state-metrics' own test line (provider_id="provider://i-uniqueid", fixtures/real): nodes, but
     no EC2 instance id among them; every instance would look like a stray, so nothing is judged."""
@@ -102,6 +104,7 @@ class Inventory:
         return self.instances
 
 
+@pytest.mark.servers
 def test_frame_keeps_instances_outside_the_cluster_priced_by_region(eks_prometheus):
     spend = UntrackedSpend(
         Inventory(

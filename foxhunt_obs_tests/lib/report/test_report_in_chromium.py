@@ -25,6 +25,7 @@ from foxhunt_obs_tests.lib.report.test_weekly_report import make_data
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 pytestmark = [
+    pytest.mark.servers,
     pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (`make install` installs it)"),
     pytest.mark.timeout(180),
 ]

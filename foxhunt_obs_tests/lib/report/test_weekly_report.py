@@ -207,6 +207,7 @@ def test_rendering_is_deterministic(data, report):
     assert again.figures.keys() == report.figures.keys()
 
 
+@pytest.mark.servers
 def test_rendering_is_deterministic_across_processes(report):
     """Another interpreter with another hash seed (set order) gives the same bytes."""
     code = (

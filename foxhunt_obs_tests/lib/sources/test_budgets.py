@@ -35,6 +35,7 @@ def _budget(name: str, **kw) -> dict:
     return b
 
 
+@pytest.mark.servers
 def test_budgets_rows(clients):
     budgets, sts = clients
     account = account_id(sts)
@@ -89,6 +90,7 @@ def test_budgets_rows(clients):
     assert rows["gpu-hours"]["budget_type"] == "USAGE" and rows["gpu-hours"]["limit_usd"] is None
 
 
+@pytest.mark.servers
 def test_planned_limits_pick_the_period_of_the_day(clients):
     budgets, _ = clients
     nov, dec = (str(int(datetime(2026, m, 1, tzinfo=UTC).timestamp())) for m in (11, 12))
@@ -107,6 +109,7 @@ def test_planned_limits_pick_the_period_of_the_day(clients):
     assert src.budgets(date(2026, 12, 2)).column("limit_usd").to_pylist() == [200.0]
 
 
+@pytest.mark.servers
 def test_synced_at_defaults_to_now_in_ms(clients):
     budgets, _ = clients
     budgets.create_budget(
@@ -118,12 +121,14 @@ def test_synced_at_defaults_to_now_in_ms(clients):
     assert synced.microsecond % 1000 == 0
 
 
+@pytest.mark.servers
 def test_no_budgets_is_an_empty_table(clients):
     budgets, _ = clients
     table = BudgetsSource(budgets, "123456789012").budgets(DAY)
     assert table.num_rows == 0 and table.schema == BUDGETS.schema
 
 
+@pytest.mark.servers
 def test_an_aws_error_names_the_call_and_partition(moto):
     # a bad account id: Budgets validates it (12 digits), botocore before sending
     budgets = moto.client("budgets")

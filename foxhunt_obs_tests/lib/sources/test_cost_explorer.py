@@ -122,6 +122,7 @@ def _by_tag(table) -> dict[tuple, float]:
     return out
 
 
+@pytest.mark.servers
 def test_daily_costs_match_the_truth_per_tag_to_the_cent(moto, ce):
     moto.queue_ce(ce_answers())
     src = CostExplorerSource(ce)
@@ -160,6 +161,7 @@ def test_daily_costs_match_the_truth_per_tag_to_the_cent(moto, ce):
     assert src.calls == 4 and src.cost_usd == pytest.approx(0.04)
 
 
+@pytest.mark.servers
 def test_every_page_is_read_and_counted(moto, ce):
     moto.queue_ce(ce_answers(discovery_pages=3, detail_pages={("foxhunt-rl", "prod"): 2}))
     src = CostExplorerSource(ce)
@@ -176,6 +178,7 @@ def test_every_page_is_read_and_counted(moto, ce):
     )
 
 
+@pytest.mark.servers
 def test_a_rerun_gives_an_identical_table(moto, ce):
     moto.queue_ce(ce_answers(discovery_pages=2))
     src = CostExplorerSource(ce)
@@ -185,6 +188,7 @@ def test_a_rerun_gives_an_identical_table(moto, ce):
     assert second.equals(first) and src.calls == calls
 
 
+@pytest.mark.servers
 def test_detail_that_does_not_add_up_to_discovery_fails(moto, ce):
     answers = ce_answers()
     prod = answers[-1]  # the last pair in sorted order: ('foxhunt-rl', 'prod')
@@ -200,6 +204,7 @@ def test_detail_that_does_not_add_up_to_discovery_fails(moto, ce):
     assert "partition 2026-11-01" in msg
 
 
+@pytest.mark.servers
 def test_a_malformed_amount_names_the_day_group_and_value(moto, ce):
     answers = ce_answers()
     bad = copy.deepcopy(answers)
@@ -214,6 +219,7 @@ def test_a_malformed_amount_names_the_day_group_and_value(moto, ce):
     )
 
 
+@pytest.mark.servers
 def test_a_page_token_that_comes_back_fails_instead_of_looping(moto, ce):
     page = ce_answers()[0]
     moto.queue_ce([dict(page, NextPageToken="again"), {"ResultsByTime": [], "NextPageToken": "again"}])
@@ -247,6 +253,7 @@ THROTTLED = (400, {"__type": "LimitExceededException", "message": "Rate exceeded
 ANSWER = (200, ce_answers(truth=[TRUTH[4]])[0])  # discovery of one day: only the untagged S3 line
 
 
+@pytest.mark.servers
 def test_throttling_is_retried_in_standard_mode():
     untagged_detail = ce_answers(truth=[TRUTH[4]])[1]
     with ScriptedServer([THROTTLED, THROTTLED, ANSWER, (200, untagged_detail)]) as stand_in:
@@ -259,6 +266,7 @@ def test_throttling_is_retried_in_standard_mode():
     assert table.to_pylist()[0]["cost_usd"] == pytest.approx(0.5549999999)
 
 
+@pytest.mark.servers
 def test_legacy_retry_mode_does_not_retry_limit_exceeded():
     """Why AwsConfig sets the retry mode explicitly: botocore's legacy mode (the default without config)
     does not count Cost Explorer's LimitExceededException as throttling, so the first one fails the run."""
@@ -275,6 +283,7 @@ def test_legacy_retry_mode_does_not_retry_limit_exceeded():
     assert len(stand_in.requests) == 1
 
 
+@pytest.mark.servers
 def test_an_aws_error_names_the_call_window_and_partition():
     denied = (
         400,

@@ -157,6 +157,7 @@ def two_deliveries(s3):
     return s3, [f1, f2]
 
 
+@pytest.mark.servers
 def test_lines_of_the_window_from_the_newest_manifest_only(two_deliveries):
     s3, files = two_deliveries
     src = CurSource(s3, ROOT + "/")
@@ -187,6 +188,7 @@ def test_lines_of_the_window_from_the_newest_manifest_only(two_deliveries):
     assert table.num_rows == 0 and table.schema == COSTS_HOURLY.schema and src.files_read == 2
 
 
+@pytest.mark.servers
 def test_a_period_without_manifest_is_skipped_not_read(s3):
     put_file(
         s3, "2026-10", f"{NAME}-00001.snappy.parquet", parquet([line(h(31, 22, month=10), 7.0)]), "e-oct"
@@ -202,6 +204,7 @@ def test_a_period_without_manifest_is_skipped_not_read(s3):
     assert skipped == ["2026-10"] and table.num_rows == 0 and table.schema == COSTS_HOURLY.schema
 
 
+@pytest.mark.servers
 def test_overwrite_delivery_and_a_manifest_without_execution_id(s3):
     f = put_file(s3, "2026-11", f"{NAME}-00001.snappy.parquet", parquet([line(h(5, 1), 1.5)]))
     key = put_manifest(s3, "2026-11", [f], execution=None)
@@ -210,6 +213,7 @@ def test_overwrite_delivery_and_a_manifest_without_execution_id(s3):
     assert table.column("manifest").to_pylist() == [f"s3://{BUCKET}/{key}"]
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize("raw", ["12.3x", "nan", "inf"])
 def test_a_malformed_amount_names_file_row_and_column(s3, raw):
     lines = [line(h(2, i), f"{i}.5") for i in range(4)]
@@ -223,6 +227,7 @@ def test_a_malformed_amount_names_file_row_and_column(s3, raw):
     assert repr(raw) in msg and "partition 2026-11-02" in msg
 
 
+@pytest.mark.servers
 def test_string_amounts_are_read_as_numbers(s3):
     lines = [line(h(2, 0), "0.1234567891"), line(h(2, 1), " 2 ", line_item_usage_amount="")]
     f = put_file(s3, "2026-11", f"{NAME}-00001.snappy.parquet", parquet(lines, money=pa.string()), "e1")
@@ -232,6 +237,7 @@ def test_string_amounts_are_read_as_numbers(s3):
     assert table.column("usage_amount").to_pylist() == [1.0, None]
 
 
+@pytest.mark.servers
 def test_amortized_cost_follows_the_aws_convention(s3):
     sp = "savings_plan_savings_plan_effective_cost"
     lines = [
@@ -268,6 +274,7 @@ def test_amortized_cost_follows_the_aws_convention(s3):
     assert sum(table.column("cost_usd").to_pylist()) == 23.25
 
 
+@pytest.mark.servers
 def test_a_covered_line_without_its_effective_cost_fails(s3):
     lines = [line(h(2, 0), 10.0, line_item_line_item_type="SavingsPlanCoveredUsage")]
     lines[0]["savings_plan_savings_plan_effective_cost"] = None
@@ -277,6 +284,7 @@ def test_a_covered_line_without_its_effective_cost_fails(s3):
         CurSource(s3, ROOT).line_items(h(2, 0), h(3, 0))
 
 
+@pytest.mark.servers
 def test_tags_are_normalised(s3):
     lines = [
         # aws:createdBy is written aws_created_by (fixtures/real/cur/tag_keys.tsv)
@@ -302,6 +310,7 @@ def test_tags_are_normalised(s3):
     assert rows[2]["tags"] == rows[3]["tags"] == "{}"
 
 
+@pytest.mark.servers
 def test_tags_written_as_json_text(s3):
     lines = [
         line(h(2, 0), resource_tags={"user_project": "foxhunt-rl"}),
@@ -315,6 +324,7 @@ def test_tags_written_as_json_text(s3):
     assert table.column("tags").to_pylist() == ['{"project":"foxhunt-rl"}', "{}", '{"project":"foxhunt-rl"}']
 
 
+@pytest.mark.servers
 def test_custom_tag_keys_and_a_missing_instance_type(s3):
     lines = [line(h(2, 0), resource_tags={"user_team": "rl", "user_stage": "dev", "user_run": "r1"})]
     f = put_file(s3, "2026-11", "x.snappy.parquet", parquet(lines, drop=("product_instance_type",)), "e1")
@@ -324,6 +334,7 @@ def test_custom_tag_keys_and_a_missing_instance_type(s3):
     assert (r["project"], r["environment"], r["experiment"], r["instance_type"]) == ("rl", "dev", "r1", "")
 
 
+@pytest.mark.servers
 def test_a_file_without_a_required_column_fails(s3):
     f = put_file(s3, "2026-11", "x.snappy.parquet", parquet([line(h(2, 0))], drop=("resource_tags",)), "e1")
     put_manifest(s3, "2026-11", [f], "e1")
@@ -331,6 +342,7 @@ def test_a_file_without_a_required_column_fails(s3):
         CurSource(s3, ROOT).line_items(h(2, 0), h(3, 0))
 
 
+@pytest.mark.servers
 def test_a_listed_file_that_is_missing_fails(s3):
     put_manifest(
         s3, "2026-11", [f"s3://{BUCKET}/{PREFIX}/{NAME}/data/BILLING_PERIOD=2026-11/e1/gone.parquet"], "e1"
@@ -404,6 +416,7 @@ def test_the_reader_uses_documented_cur2_columns():
 CAMEL_TAGS = ("CostCenter", "team:owner", "Experiment")
 
 
+@pytest.mark.servers
 def test_camel_case_tag_keys_as_aws_writes_them(s3):
     """FOXHUNT_COST_TAGS=CostCenter,team:owner,Experiment against resource_tags keys in AWS's spelling
     (user_cost_center, user_team_owner; aws:createdBy as aws_created_by)."""
@@ -442,6 +455,7 @@ def test_camel_case_tag_keys_as_aws_writes_them(s3):
     assert (table["project"][0].as_py(), table["environment"][0].as_py()) == ("cc-42", "rl-infra")
 
 
+@pytest.mark.servers
 def test_a_configured_key_that_matches_no_tag_is_reported(s3):
     """November carries tags, none under 'Experiment' (and 'CostCenter' only outside the window, which still
     counts: the month has it); December has no tags at all, so nothing can be said about it."""
@@ -472,6 +486,7 @@ def test_a_configured_key_that_matches_no_tag_is_reported(s3):
     assert src.unmatched_tag_keys == {"costcenter": ["2026-11"], "Experiment": ["2026-11"]}
 
 
+@pytest.mark.servers
 def test_unmatched_keys_from_tags_written_as_json_text(s3):
     lines = [line(h(2, 0), resource_tags={"user_cost_center": "cc-1"}), line(h(2, 1), resource_tags=None)]
     f = put_file(s3, "2026-11", f"{NAME}-00001.snappy.parquet", parquet(lines, json_tags=True), "e1")

@@ -178,6 +178,7 @@ def test_bad_arguments():
 
 
 # -- file systems -----------------------------------------------------------------------------------------
+@pytest.mark.servers
 def test_file_systems_all_lustre_sorted(aws, source):
     _, ids, _ = aws
     fss = source.file_systems()
@@ -196,12 +197,14 @@ def test_file_systems_all_lustre_sorted(aws, source):
     assert source.calls == 1
 
 
+@pytest.mark.servers
 def test_file_systems_filter(aws, source):
     _, ids, _ = aws
     assert [fs.name for fs in source.file_systems([ids["scratch"]])] == ["scratch"]
     assert [fs.name for fs in source.file_systems([])] == sorted(["train", "scratch"], key=lambda n: ids[n])
 
 
+@pytest.mark.servers
 def test_unknown_and_bad_ids(aws, source):
     _, ids, _ = aws
     with pytest.raises(FsxSourceError, match=r"not found: fs-0123456789abcdef0") as e:
@@ -214,6 +217,7 @@ def test_unknown_and_bad_ids(aws, source):
 
 
 # -- metrics ----------------------------------------------------------------------------------------------
+@pytest.mark.servers
 def test_metrics_match_what_was_put(aws, source):
     _, ids, truth = aws
     fss = source.file_systems()
@@ -243,6 +247,7 @@ def test_metrics_match_what_was_put(aws, source):
     assert got[(ids["train"], "FreeDataStorageCapacity", "Sum")][ms] == sum(_ost_free(fsi, k))
 
 
+@pytest.mark.servers
 def test_unaligned_window_is_aligned(aws, source):
     _, ids, truth = aws
     fs = source.file_systems([ids["train"]])
@@ -262,6 +267,7 @@ def test_unaligned_window_is_aligned(aws, source):
     assert _rows(table) == want
 
 
+@pytest.mark.servers
 def test_batches_of_queries(aws):
     url, ids, _ = aws
     small = FsxSource(_client("fsx", url), _client("cloudwatch", url), max_queries=3)
@@ -278,6 +284,7 @@ def test_batches_of_queries(aws):
     assert _ipc(a) == _ipc(b)
 
 
+@pytest.mark.servers
 def test_reread_is_identical(aws, source):
     fss = source.file_systems()
     start, end = T0 + timedelta(minutes=3), T0 + timedelta(minutes=33)
@@ -289,6 +296,7 @@ def test_reread_is_identical(aws, source):
     assert _ipc(a) == _ipc(b)
 
 
+@pytest.mark.servers
 def test_empty_inputs(aws, source):
     fss = source.file_systems()
     calls = source.calls
@@ -396,6 +404,7 @@ def _results(body, status: dict[str, str] | None = None, points: dict[str, list]
     return out
 
 
+@pytest.mark.servers
 def test_request_shape_and_pages(fake):
     src = _fake_source(fake)
     t = T0.timestamp()
@@ -447,6 +456,7 @@ def test_request_shape_and_pages(fake):
     ]
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize("status", ["InternalError", "Forbidden"])
 def test_query_status_error(fake, status):
     src = _fake_source(fake)
@@ -459,6 +469,7 @@ def test_query_status_error(fake, status):
     assert f"status {status}" in text
 
 
+@pytest.mark.servers
 def test_response_messages_are_errors(fake):
     src = _fake_source(fake)
     msg = {"Code": "MaxMetricsExceeded", "Value": "Maximum number of allowed metrics exceeded"}
@@ -469,6 +480,7 @@ def test_response_messages_are_errors(fake):
         src.metrics([FS], T0, T0 + timedelta(hours=1))
 
 
+@pytest.mark.servers
 def test_aws_error_text_is_kept(fake):
     src = _fake_source(fake)
     err = {"__type": "InvalidParameterCombination", "message": "Period must be 60 for this window"}
@@ -481,6 +493,7 @@ def test_aws_error_text_is_kept(fake):
     assert "(partition p1)" in text and SECRET not in text
 
 
+@pytest.mark.servers
 def test_fsx_file_system_not_found(fake):
     src = _fake_source(fake)
     err = {"__type": "FileSystemNotFound", "Message": "File system 'fs-0123456789abcdef0' does not exist."}

@@ -136,6 +136,7 @@ def _assert_tables_equal(got: pa.Table, want: pa.Table) -> None:
 # ---- runs ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.servers
 def test_runs_finds_every_run_deleted_ones_flagged(mlflow_store):
     url, _, truth = mlflow_store
     src = MlflowSource(url)
@@ -164,6 +165,7 @@ def test_runs_finds_every_run_deleted_ones_flagged(mlflow_store):
     assert runs["a-deleted"].deleted and not runs["a-finished"].deleted
 
 
+@pytest.mark.servers
 def test_experiment_filter_and_paging(mlflow_store):
     url, _, truth = mlflow_store
     only_b = MlflowSource(url, experiments=["fox-b"]).runs()
@@ -180,6 +182,7 @@ def test_experiment_filter_and_paging(mlflow_store):
 # ---- histories -----------------------------------------------------------------------------------
 
 
+@pytest.mark.servers
 def test_histories_equal_what_was_logged(mlflow_store):
     url, _, truth = mlflow_store
     src = MlflowSource(url, workers=4)
@@ -201,6 +204,7 @@ def test_histories_equal_what_was_logged(mlflow_store):
     assert src.histories([]).num_rows == 0
 
 
+@pytest.mark.servers
 def test_backend_store_mode_gives_the_same(mlflow_store):
     url, db, truth = mlflow_store
     rest, sql = MlflowSource(url), MlflowSource(url, backend_store_uri=f"sqlite:///{db}")
@@ -295,6 +299,7 @@ def test_dead_port_fails_fast_naming_uri_and_call(monkeypatch):
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
 
 
+@pytest.mark.servers
 def test_5xx_is_retried_then_a_clear_error(canned):
     url, seen = canned(503, b'{"error_code": "TEMPORARILY_UNAVAILABLE", "message": "database is locked"}')
     t0 = time.monotonic()
@@ -307,6 +312,7 @@ def test_5xx_is_retried_then_a_clear_error(canned):
     assert "TEMPORARILY_UNAVAILABLE: database is locked (after 3 tries)" in msg
 
 
+@pytest.mark.servers
 def test_5xx_through_mlflow_client_is_bounded_too(canned, monkeypatch):
     for var in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"):
         monkeypatch.delenv(var, raising=False)
@@ -317,6 +323,7 @@ def test_5xx_through_mlflow_client_is_bounded_too(canned, monkeypatch):
     assert len(seen) == 3 and time.monotonic() - t0 < 10  # MLflow's defaults: 8 tries, minutes
 
 
+@pytest.mark.servers
 def test_4xx_fails_at_once(canned):
     url, seen = canned(
         404, b'{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "Run with id=x not found"}'
@@ -326,6 +333,7 @@ def test_4xx_fails_at_once(canned):
     assert len(seen) == 1
 
 
+@pytest.mark.servers
 def test_unknown_run_on_the_real_server(mlflow_store):
     # get-history answers 200 {} for a run that does not exist; runs/get says what is wrong
     url, _, _ = mlflow_store
@@ -339,6 +347,7 @@ def test_unknown_run_on_the_real_server(mlflow_store):
     )
 
 
+@pytest.mark.servers
 def test_auth_headers_and_no_credentials_in_messages(canned):
     url, seen = canned(403, b'{"error_code": "PERMISSION_DENIED", "message": "no"}')
     token = MlflowAuth(token="tok-123456")
@@ -367,6 +376,7 @@ class _Slow(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.servers
 def test_a_server_that_times_out_is_retried_a_bounded_number_of_times():
     handler = type("Handler", (_Slow,), {"calls": 0})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -384,6 +394,7 @@ def test_a_server_that_times_out_is_retried_a_bounded_number_of_times():
         srv.server_close()
 
 
+@pytest.mark.servers
 def test_a_window_the_server_would_sample_is_read_again_exactly(mlflow_store):
     """3,000 points at step 0 (log_metric without a step): get-history-bulk-interval returns a sample of
     2,500, so that (run, key) must be re-read with get-history — every point, nothing sampled."""
@@ -402,6 +413,7 @@ def test_a_window_the_server_would_sample_is_read_again_exactly(mlflow_store):
     assert sorted(table.column("value").to_pylist()) == [float(i) for i in range(3000)]
 
 
+@pytest.mark.servers
 @pytest.mark.timeout(60)
 def test_a_repeated_page_token_stops_every_page_loop(canned):
     """A server (or proxy) that hands out the same next_page_token again would page forever:
@@ -418,6 +430,7 @@ def test_a_repeated_page_token_stops_every_page_loop(canned):
         src.histories([_fake_run()])
 
 
+@pytest.mark.servers
 def test_mlflow_client_calls_use_the_given_auth_and_leave_no_variable_behind(canned, monkeypatch):
     """search_experiments goes through MlflowClient, which reads auth only from MLFLOW_TRACKING_*: the
     source's MlflowAuth is set there for the call, then removed (a variable the user set is kept)."""

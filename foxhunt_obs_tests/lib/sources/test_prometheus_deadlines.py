@@ -13,6 +13,8 @@ import pytest
 
 from foxhunt_obs.lib.sources.prometheus import PrometheusClient, PrometheusError
 
+pytestmark = pytest.mark.servers
+
 VECTOR = json.dumps(
     {
         "status": "success",

@@ -14,9 +14,12 @@ import pytest
 from foxhunt_obs.sandbox.servers.alertmanager import ALERTMANAGER, AlertmanagerServer
 from foxhunt_obs.sandbox.servers.local_server import SandboxError, alive, free_port, group_pids
 
-pytestmark = pytest.mark.skipif(
-    not Path(ALERTMANAGER).is_file(), reason=f"{ALERTMANAGER} is missing (`make install` installs it)"
-)
+pytestmark = [
+    pytest.mark.servers,
+    pytest.mark.skipif(
+        not Path(ALERTMANAGER).is_file(), reason=f"{ALERTMANAGER} is missing (`make install` installs it)"
+    ),
+]
 
 
 def _listening_ports(pid: int) -> set[tuple[str, int]]:

@@ -402,6 +402,7 @@ def _client(service, url):
     )
 
 
+@pytest.mark.servers
 def test_seed_result_and_env(seeded, server):
     assert seeded["endpoint_url"] == server.url and seeded["ce_window"] == ["2026-11-16", "2026-11-17"]
     assert seeded["datapoints"] == 6 * 60 * 7 and seeded["ce_answers"] == 3
@@ -412,6 +413,7 @@ def test_seed_result_and_env(seeded, server):
     assert env["AWS_ACCESS_KEY_ID"] == env["AWS_SECRET_ACCESS_KEY"] == "testing"
 
 
+@pytest.mark.servers
 def test_file_systems_with_tags(seeded, server):
     (fs,) = _client("fsx", server.url).describe_file_systems()["FileSystems"]
     assert fs["FileSystemId"] == seeded["fsx_ids"]["foxhunt-scratch"] and fs["FileSystemType"] == "LUSTRE"
@@ -424,6 +426,7 @@ def test_file_systems_with_tags(seeded, server):
     }
 
 
+@pytest.mark.servers
 def test_cloudwatch_equals_truth(small, seeded, server):
     fs_id = seeded["fsx_ids"]["foxhunt-scratch"]
     start, end = datetime(2026, 11, 16, 2, tzinfo=UTC), datetime(2026, 11, 16, 3, tzinfo=UTC)
@@ -462,6 +465,7 @@ def test_cloudwatch_equals_truth(small, seeded, server):
     assert free_min[0][1] > 500e9 > free_min[-1][1]  # the fill crosses fsx_low_space's threshold
 
 
+@pytest.mark.servers
 def test_cur_objects_and_manifest(small, seeded, server):
     s3 = _client("s3", server.url)
     data_key, manifest_key = cur_keys("2026-11")
@@ -503,6 +507,7 @@ def test_cur_objects_and_manifest(small, seeded, server):
     assert {"Key": "Experiment", "Value": "dqn-atari"} in tagging
 
 
+@pytest.mark.servers
 def test_budget(small, seeded, server):
     want = bills.budget_truth(small)
     got = _client("budgets", server.url).describe_budget(
@@ -556,6 +561,7 @@ DISCOVERY = [("TAG", "Project"), ("TAG", "Environment")]
 DETAIL = [("TAG", "Experiment"), ("DIMENSION", "SERVICE")]
 
 
+@pytest.mark.servers
 def test_cost_explorer_answers_in_protocol_order(small, seeded, server):
     ce = _client("ce", server.url)
     items = bills.line_items(small, fsx_ids=seeded["fsx_ids"])
@@ -589,6 +595,7 @@ def test_cost_explorer_answers_in_protocol_order(small, seeded, server):
 # ---- up / down / status ----
 
 
+@pytest.mark.servers
 def test_up_status_down_leave_nothing(tmp_path):
     other = tmp_path / "run" / "prometheus.log"  # another server's file in the shared run dir
     other.parent.mkdir(parents=True)

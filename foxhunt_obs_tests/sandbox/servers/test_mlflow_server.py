@@ -25,6 +25,8 @@ from foxhunt_obs.sandbox.story.scenario import load_scenario
 from foxhunt_obs.sandbox.writers import training
 from foxhunt_obs.sandbox.writers.cache import COMPLETE
 
+pytestmark = pytest.mark.servers
+
 
 @pytest.fixture(scope="module")
 def small():

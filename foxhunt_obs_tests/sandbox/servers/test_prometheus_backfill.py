@@ -80,6 +80,7 @@ def instant(url: str, query: str, at: datetime) -> list[dict]:
     return api(url, "query", query=query, time=at.timestamp())
 
 
+@pytest.mark.servers
 def test_cache_is_complete_and_reused(cache, small):
     root, tsdb = cache
     assert tsdb == tsdb_path(small, root) and tsdb.parent.name.startswith(
@@ -96,6 +97,7 @@ def test_cache_is_complete_and_reused(cache, small):
     assert build_tsdb(small, root) == tsdb and time.monotonic() - t < 0.5
 
 
+@pytest.mark.servers
 def test_failed_promtool_raises_and_caches_nothing(small, tmp_path, monkeypatch):
     def bad_blocks(scenario, out_dir, metrics=None):
         out_dir.mkdir(parents=True)
@@ -108,6 +110,7 @@ def test_failed_promtool_raises_and_caches_nothing(small, tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.servers
 def test_gpu_count_follows_the_lost_node(server):
     # 2 + 2 whole GPUs, and ip-10-0-1-13's GPU 1 (its GPU 0 is in MIG mode: no GPU_UTIL on its slices);
     # at 01:00 two pods share ip-10-0-1-12's time-sliced GPU 1: a copy of its series each
@@ -145,6 +148,7 @@ def test_gpu_count_follows_the_lost_node(server):
     )
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize(
     "metric, column, node, gpu, hour, gi",
     [
@@ -208,6 +212,7 @@ def test_range_query_returns_the_truth(server, small, metric, column, node, gpu,
     assert matched == len(want) > 0
 
 
+@pytest.mark.servers
 def test_recording_rules_read_each_other_as_a_live_prometheus_does(server, small):
     """foxhunt:gpu_util:ratio takes GR_ENGINE_ACTIVE's record where a MIG slice has no GPU_UTIL, and
     foxhunt:gpu_mem_total:bytes sums the memory records: backfilled with those references inlined
@@ -255,6 +260,7 @@ def test_inline_records_leaves_no_record_reference(tmp_path):
         prometheus.inline_records(bad)
 
 
+@pytest.mark.servers
 def test_cpu_rate_recovers_cpu_busy(server, small):
     at = T0 + timedelta(hours=1, minutes=30)
     got = instant(server.url, '1 - avg by (instance) (rate(node_cpu_seconds_total{mode="idle"}[1m]))', at)
@@ -269,6 +275,7 @@ def test_cpu_rate_recovers_cpu_busy(server, small):
     } == want.to_dict()
 
 
+@pytest.mark.servers
 def test_kube_labels(server, small):
     at = T0 + timedelta(hours=5, minutes=30)
     # last_over_time over one step: backfilled series have no staleness markers (a pod ends at 05:30)
@@ -280,6 +287,7 @@ def test_kube_labels(server, small):
     assert {r["metric"]["label_node_kubernetes_io_instance_type"] for r in nodes} == {"p4de.24xlarge"}
 
 
+@pytest.mark.servers
 def test_kube_node_info_follows_the_instance(server, small):
     """One kube_node_info series per EC2 instance: ip-10-0-1-12's is replaced by its outage (03:00-05:00)."""
     (old, new), (other,) = (
@@ -309,6 +317,7 @@ def test_kube_node_info_follows_the_instance(server, small):
     assert r["metric"]["internal_ip"] == "10.0.1.12" and r["metric"]["job"] == "kube-state-metrics"
 
 
+@pytest.mark.servers
 def test_stop_takes_the_process_group_down(cache, tmp_path):
     srv = PrometheusServer(copy_tsdb(cache[1], tmp_path / "tsdb"), workdir=tmp_path)
     srv.start()
@@ -321,6 +330,7 @@ def test_stop_takes_the_process_group_down(cache, tmp_path):
         urllib.request.urlopen(f"{url}/-/ready", timeout=2)
 
 
+@pytest.mark.servers
 def test_start_failure_shows_the_log(tmp_path):
     bad = tmp_path / "tsdb"
     bad.write_text("not a directory")
@@ -328,6 +338,7 @@ def test_start_failure_shows_the_log(tmp_path):
         PrometheusServer(bad, workdir=tmp_path).start(timeout=10)
 
 
+@pytest.mark.servers
 def test_up_status_down(cache, tmp_path):
     state = tmp_path / "state"
     # seed the state dir's cache from the module's build so up() reuses it
@@ -349,6 +360,7 @@ def test_up_status_down(cache, tmp_path):
     prometheus.down(state)  # nothing running: no error
 
 
+@pytest.mark.servers
 def test_rule_backfill_in_pieces_records_what_one_run_does(small, tmp_path, monkeypatch, caplog):
     """The rule backfill runs a piece of the window per promtool process, two at a time: cut into 1-hour
     pieces, the `small` scenario's recording rules hold exactly the samples one run over the whole
@@ -386,6 +398,7 @@ def _files(root: Path) -> dict[str, tuple[int, str]]:
     }
 
 
+@pytest.mark.servers
 def test_a_servers_copy_links_the_caches_blocks_and_rewriting_them_leaves_the_cache_as_it_was(
     cache, tmp_path
 ):

@@ -41,6 +41,7 @@ def samples(url: str, before: datetime, seconds: int) -> list:
     return sorted((json.dumps(x["metric"], sort_keys=True), x["values"]) for x in body["data"]["result"])
 
 
+@pytest.mark.servers
 def test_records_from_a_piece_on_are_the_whole_builds(tmp_path, monkeypatch):
     small = load_scenario("small")  # 6 hours
     from foxhunt_obs.sandbox.writers.openmetrics import ALL_METRICS
