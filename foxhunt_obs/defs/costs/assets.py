@@ -100,8 +100,9 @@ def costs_daily(
     kinds={"aws", "parquet"},
     **assetkit.writes(
         schemas.BUDGETS,
-        does="Cost Explorer's month forecast when FOXHUNT_CE_FORECAST=1. Past partitions hold the sync's "
-        "values.",
+        does="Syncs every budget of the account from AWS Budgets as it stands when the run starts and, with "
+        "FOXHUNT_CE_FORECAST=1, adds Cost Explorer's forecast of the month; each day of the run gets that "
+        "sync, so a day holds the values of its last run, not a history.",
     ),
 )
 def budgets(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource, costs: CostsResource):

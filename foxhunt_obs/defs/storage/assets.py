@@ -17,8 +17,9 @@ from foxhunt_obs.lib.tables import storage as tables
     kinds={"aws", "parquet"},
     **assetkit.writes(
         schemas.FSX_METRICS,
-        does="Per Lustre file system and minute: read/write bytes and operations, metadata operations (Sum, "
-        "with per-second rates) and free capacity (Minimum = fullest disk, Sum = total).",
+        does="Lists the Lustre file systems (those of FOXHUNT_FSX_IDS, else every one in the region; an "
+        "unknown id fails the run) and reads each hour's datapoints of the metrics in data/fsx_metrics.yaml "
+        "with CloudWatch GetMetricData; no file system found writes empty hours and warns.",
     ),
 )
 def fsx_metrics(context: dg.AssetExecutionContext, lake: LakeResource, aws: AwsResource, fsx: FsxResource):
