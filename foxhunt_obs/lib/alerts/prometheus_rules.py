@@ -23,7 +23,6 @@ import re
 import string
 
 from foxhunt_obs.lib.alerts.rules import Rule, alert_name, format_duration, threshold_display
-from foxhunt_obs.lib.errors import InputError
 
 __all__ = [
     "TemplateConversionError",
@@ -51,8 +50,9 @@ DERIVED = {
 _SPEC = re.compile(r"(?P<comma>,)?(?:\.(?P<precision>\d+))?(?P<type>[fFeEgGd%])?")
 
 
-class TemplateConversionError(InputError, ValueError):
-    """A summary or description that has no Prometheus template equivalent."""
+class TemplateConversionError(ValueError):
+    """A summary or description that has no Prometheus template equivalent. Only the packaged catalog holds
+    templates (an override cannot change them), so this is a bug, not an InputError (lib/errors.py)."""
 
 
 def _value_template(spec: str, conversion: str | None, where: str) -> str:

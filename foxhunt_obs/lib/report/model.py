@@ -13,7 +13,6 @@ from datetime import date, datetime, time, timedelta, timezone
 
 import pandas as pd
 
-from foxhunt_obs.lib.errors import InputError
 from foxhunt_obs.lib.names import CLUSTER_IDLE, SHARED_COST_POLICY, UNATTRIBUTED
 from foxhunt_obs.lib.settings import default
 from foxhunt_obs.lib.tracing import LinkTemplates
@@ -71,8 +70,10 @@ def _web(url: str) -> str:
     return url if re.match(r"https?://", url) else ""
 
 
-class ReportDataError(InputError, ValueError):
-    """The report's input frames do not fit the contract; the message names the frame and the columns."""
+class ReportDataError(ValueError):
+    """The report's input frames do not fit the contract; the message names the frame and the columns. The
+    frames come from our own lake queries (lib/tables/weekly.py), so this is a bug, not an input's fault: no
+    InputError, it keeps its traceback (lib/errors.py)."""
 
 
 @dataclass
