@@ -86,6 +86,14 @@ def test_a_setting_bound_nowhere_and_not_placed_stops_the_page(generator, monkey
         generator.configuration()
 
 
+def test_a_table_no_asset_or_sensor_writes_stops_the_page(generator, monkeypatch):
+    from foxhunt_obs.defs.alerts import sensors
+
+    monkeypatch.delitem(sensors.WRITTEN_BY_SENSORS, "alerts")
+    with pytest.raises(SystemExit, match="alerts"):
+        generator.tables()
+
+
 def test_a_bench_result_without_a_description_stops_the_page(generator, monkeypatch, tmp_path):
     (tmp_path / "new_bench.json").write_text(json.dumps({"benchmark": "new_bench", "ratios": {"x": 1.0}}))
     monkeypatch.setattr(generator, "BENCH_RESULTS", tmp_path)

@@ -7,10 +7,8 @@ import pytest
 
 from foxhunt_obs.assetkit import LAKE_TABLES
 from foxhunt_obs.definitions import defs
+from foxhunt_obs.defs.alerts.sensors import WRITTEN_BY_SENSORS
 from foxhunt_obs.lib.schemas import TABLES
-
-# Lake tables no asset writes: the alert sensors write `alerts` as they deliver (lib/delivery/alert_sinks.py).
-WRITTEN_BY_SENSORS = {"alerts"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +31,7 @@ def test_every_lake_table_is_written_by_one_asset_named_after_it(lake_assets):
             assert t in TABLES, f"{asset} writes {t!r}, which lib/schemas.py does not know"
             writers.setdefault(t, []).append(asset)
     assert {t: w for t, w in writers.items() if len(w) > 1} == {}
-    assert set(writers) == set(TABLES) - WRITTEN_BY_SENSORS
+    assert set(writers) == set(TABLES) - set(WRITTEN_BY_SENSORS)
     assert writers["training_history"] == ["training_runs"]  # its histories, cached per run
 
 
@@ -59,3 +57,25 @@ def test_an_asset_adds_what_it_does_after_the_tables_text(lake_assets):
     runs, history = TABLES["training_runs"].doc, TABLES["training_history"].doc
     assert node.description.startswith(f"{runs} Also writes training_history: {history} ")
     assert "histories that can have changed" in node.description
+
+
+def test_each_kind_of_partition_is_described_once_and_the_key_matches_it():
+    """schemas.PARTITIONS is the one description of the folder values: what it says a time partition's
+    value looks like is what TableSpec.key writes, and the Athena DDL's partition comment is made from it."""
+    import re
+    from datetime import datetime, timezone
+
+    from foxhunt_obs.lib import athena
+    from foxhunt_obs.lib.schemas import PARTITIONS
+
+    t = datetime(2026, 11, 22, 13, tzinfo=timezone.utc)
+    for name, spec in TABLES.items():
+        kind = PARTITIONS[spec.partition]
+        assert athena.PARTITION_NOTES[spec.partition].startswith(f"the partition: {kind.describe()}"), name
+        if kind.strftime:
+            pattern = re.sub("[YMDH]", r"\\d", kind.value)
+            assert re.fullmatch(pattern, spec.key(t)), (name, kind.value, spec.key(t))
+        else:
+            with pytest.raises(ValueError, match="no time key"):
+                spec.key(t)
+    assert {s.partition for s in TABLES.values()} == set(PARTITIONS)

@@ -240,18 +240,6 @@ def configuration() -> str:
 
 # -- tables.md ---------------------------------------------------------------------------------------------
 
-PARTITION_VALUES = {
-    "hour": "`YYYY-MM-DDTHH` (UTC hour)",
-    "day": "`YYYY-MM-DD` (UTC day)",
-}
-# Tables no asset of the same name writes: who writes them. A new one must say (the page fails otherwise).
-WRITTEN_OUTSIDE_ASSETS = {
-    "training_history": "the `training_runs` asset, one partition per MLflow run it reads a history of "
-    "(the incremental cache `training_metrics` is cut from)",
-    "alerts": "the alert sensors (`alert_sensor`, `run_failure_alert`), one row per alert transition: "
-    "not an asset",
-}
-
 
 def _arrow(t) -> str:
     """A pyarrow type as the page shows it: a dictionary-encoded column as its value type."""
@@ -263,8 +251,11 @@ def _arrow(t) -> str:
 
 
 def _writers() -> dict[str, dict]:
-    """asset name -> {group, partitions, kinds, schedules}, from the code location's definitions (loaded,
-    nothing materialized or started)."""
+    """asset name -> {group, partitions, kinds, schedules, tables}, from the code location's definitions
+    (loaded, nothing materialized or started); `tables`: the lake tables its metadata says it writes
+    (assetkit.writes), its own first."""
+    from foxhunt_obs.assetkit import LAKE_TABLES
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from foxhunt_obs.definitions import defs
@@ -286,46 +277,50 @@ def _writers() -> dict[str, dict]:
                 "partitions": kind,
                 "kinds": sorted(s.kinds),
                 "schedules": schedules.get(name, []),
+                "tables": list(s.metadata[LAKE_TABLES].value) if LAKE_TABLES in s.metadata else [],
             }
     return out
 
 
 def tables() -> str:
+    from foxhunt_obs.defs.alerts.sensors import WRITTEN_BY_SENSORS
     from foxhunt_obs.lib.athena import athena_type
-    from foxhunt_obs.lib.schemas import TABLES
-    from foxhunt_obs.lib.tables.training import SNAPSHOT
+    from foxhunt_obs.lib.schemas import PARTITIONS, TABLES
 
     writers = _writers()
-    missing = [n for n in TABLES if n not in writers and n not in WRITTEN_OUTSIDE_ASSETS]
+    writer_of = {table: asset for asset, w in writers.items() for table in w["tables"]}
+    missing = [n for n in TABLES if n not in writer_of and n not in WRITTEN_BY_SENSORS]
     if missing:
         raise SystemExit(
-            f"tables no asset of their name writes: {missing}. Say which code writes each in "
-            "WRITTEN_OUTSIDE_ASSETS (tools/reference_pages.py)."
+            f"tables no asset or sensor writes: {missing}. An asset names the tables it writes with "
+            "assetkit.writes(...); a sensor's are in WRITTEN_BY_SENSORS (foxhunt_obs/defs/alerts/sensors.py)."
         )
-    values = {
-        **PARTITION_VALUES,
-        "snapshot": f"`{SNAPSHOT}` (one partition, replaced whole)",
-        "run": "the MLflow run id",
-    }
+    unknown = sorted({s.partition for s in TABLES.values()} - set(PARTITIONS))
+    if unknown:
+        raise SystemExit(f"partition columns without a description in schemas.PARTITIONS: {unknown}")
 
     def written_by(name: str) -> str:
-        if name not in writers:
-            return WRITTEN_OUTSIDE_ASSETS[name]
-        w = writers[name]
+        if name in WRITTEN_BY_SENSORS:
+            sensors = " and ".join(f"`{s}`" for s in WRITTEN_BY_SENSORS[name])
+            return f"the sensors {sensors} as they deliver: not an asset"
+        asset = writer_of[name]
+        w = writers[asset]
         parts = (
             f"{w['partitions']} partitions in Dagster" if w["partitions"] else "not partitioned in Dagster"
         )
-        text = f"the asset `{name}` (group `{w['group']}`, {parts})"
+        text = f"the asset `{asset}` (group `{w['group']}`, {parts})"
+        if asset != name:
+            text += f", beside its own table [`{asset}`](#{_slug(asset)})"
         if w["schedules"]:
             text += "; scheduled by " + ", ".join(w["schedules"])
         return text
 
     lines = _header("Tables and columns", "`foxhunt_obs/lib/schemas.py` and the code location's definitions")
     lines += [
-        "The lake is Parquet under `FOXHUNT_LAKE` (a folder or `s3://bucket/prefix`): one folder per table, "
-        "one Hive-style folder per partition, `<lake>/<table>/<partition column>=<value>/`. Every timestamp "
-        "is UTC. Names and columns are a contract: columns may be added, a column never changes its meaning "
-        "or unit. The Athena type is the one `foxhunt-obs lake ddl` declares (`foxhunt_obs/lib/athena.py`).",
+        "The lake is Parquet under `FOXHUNT_LAKE`, one Hive-style folder per partition: "
+        "`<lake>/<table>/<partition column>=<value>/`. Its rules (UTC timestamps, atomic partition writes, "
+        "columns that may grow but never change meaning or unit) are in [The lake](../design.md#the-lake). "
+        "The Athena type is the one `foxhunt-obs lake ddl` declares.",
         "",
     ]
     rows = [[f"[`{n}`](#{_slug(n)})", f"`{t.partition}`", _paragraph(t.doc)] for n, t in TABLES.items()]
@@ -333,7 +328,7 @@ def tables() -> str:
     for name, spec in TABLES.items():
         lines += [f"## {name}", "", " ".join(spec.doc.split()), ""]
         lines += [
-            f"- Partitioned by `{spec.partition}`: {values.get(spec.partition, 'its value')}",
+            f"- Partitioned by `{spec.partition}`: {PARTITIONS[spec.partition].describe(_code)}",
             f"- Written by {written_by(name)}",
             "",
         ]

@@ -46,8 +46,7 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from foxhunt_obs.lib.schemas import TABLES, TableSpec
-from foxhunt_obs.lib.tables.training import SNAPSHOT
+from foxhunt_obs.lib.schemas import PARTITIONS, TABLES, TableSpec
 
 
 class DdlError(ValueError):
@@ -56,30 +55,29 @@ class DdlError(ValueError):
 
 @dataclass(frozen=True)
 class TimeProjection:
-    """A date-typed projection of one of TableSpec.key's time formats."""
+    """A date-typed projection of one of the time partitions (schemas.PARTITIONS, whose strftime pattern
+    TableSpec.key writes)."""
 
-    java_format: str  # Java DateTimeFormatter pattern of the folder values
-    strftime: str  # the same pattern for Python: TableSpec.key's
+    java_format: str  # the same pattern as a Java DateTimeFormatter's
     unit: str  # ChronoUnit name for projection.<col>.interval.unit
 
 
 TIME_PROJECTIONS = {
-    "hour": TimeProjection("yyyy-MM-dd'T'HH", "%Y-%m-%dT%H", "HOURS"),
-    "day": TimeProjection("yyyy-MM-dd", "%Y-%m-%d", "DAYS"),
+    "hour": TimeProjection("yyyy-MM-dd'T'HH", "HOURS"),
+    "day": TimeProjection("yyyy-MM-dd", "DAYS"),
 }
-# Partition columns that are not time: a snapshot table has one folder (training.SNAPSHOT), so an enum of
-# that one value; training_history has one folder per MLflow run id, values no range can generate, so
-# `injected`: Athena takes the value from the query's WHERE (run = '...'), and refuses a query without one.
-ENUM_VALUES = {"snapshot": (SNAPSHOT,)}
-INJECTED = ("run",)
+# Partition columns that are not time: one with a single value (a snapshot table's one folder,
+# schemas.SNAPSHOT) is an enum of that value; one whose values no range can generate (training_history's
+# MLflow run ids) is `injected`: Athena takes the value from the query's WHERE (run = '...'), and refuses a
+# query without one.
+ENUM_VALUES = {c: (k.value,) for c, k in PARTITIONS.items() if k.value and not k.strftime}
+INJECTED = tuple(c for c, k in PARTITIONS.items() if not k.value)
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")  # Glue stores names lower case; keep them plain
 # The partition column's comment where the spec has no note for it (it is not a column of the files).
 PARTITION_NOTES = {
-    "hour": "the partition: the UTC hour, YYYY-MM-DDTHH",
-    "day": "the partition: the UTC day, YYYY-MM-DD",
-    "snapshot": f"the partition: {SNAPSHOT!r}, the one snapshot",
-    "run": "the partition: the MLflow run id (a query names it: WHERE run = '...')",
+    c: f"the partition: {k.describe()}" + (f" (a query names it: WHERE {c} = '...')" if c in INJECTED else "")
+    for c, k in PARTITIONS.items()
 }
 COLUMN_COMMENT_MAX, TABLE_COMMENT_MAX = 255, 2048  # characters Glue keeps (Column.Comment, Description)
 _SIMPLE = {
@@ -173,7 +171,7 @@ def table_properties(spec: TableSpec, location: str, start: datetime) -> dict[st
         props |= {
             f"projection.{col}.type": "date",
             f"projection.{col}.format": p.java_format,
-            f"projection.{col}.range": f"{start.strftime(p.strftime)},NOW",
+            f"projection.{col}.range": f"{start.strftime(PARTITIONS[col].strftime)},NOW",
             f"projection.{col}.interval": "1",
             f"projection.{col}.interval.unit": p.unit,
         }

@@ -10,7 +10,7 @@ on them. Columns may grow; a column never changes meaning or unit. All timestamp
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -23,10 +23,39 @@ LABEL = pa.dictionary(pa.int32(), pa.string())
 STR, F64, I32, I64, BOOL, DATE = pa.string(), pa.float64(), pa.int32(), pa.int64(), pa.bool_(), pa.date32()
 
 
+# The one partition of a snapshot table (training_runs), replaced whole on each write.
+SNAPSHOT = "current"
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """What the folder values of a kind of partition column are."""
+
+    meaning: str  # what one partition holds
+    value: str = ""  # the values' pattern, or the one value; "" where any value goes (a run id)
+    strftime: str = ""  # a time partition: the value of the hour or day starting at t (TableSpec.key)
+
+    def describe(self, quote: Callable[[str], str] = str) -> str:
+        """In words, the value or pattern passed through `quote` (Markdown code on the docs pages)."""
+        return f"{self.meaning} ({quote(self.value)})" if self.value else self.meaning
+
+
+# Every kind of partition column, by its name: the one description of the lake's folder values (TableSpec.key,
+# the Athena DDL's partition comments, docs/reference/tables.md).
+PARTITIONS: Mapping[str, Partitioning] = MappingProxyType(
+    {
+        "hour": Partitioning("the UTC hour", "YYYY-MM-DDTHH", "%Y-%m-%dT%H"),
+        "day": Partitioning("the UTC day", "YYYY-MM-DD", "%Y-%m-%d"),
+        "snapshot": Partitioning("the one snapshot, replaced whole", SNAPSHOT),
+        "run": Partitioning("one per MLflow run, named by its run id"),
+    }
+)
+
+
 @dataclass(frozen=True)
 class TableSpec:
     name: str
-    partition: str  # Hive partition column: "hour" (YYYY-MM-DDTHH) or "day" (YYYY-MM-DD)
+    partition: str  # Hive partition column, a key of PARTITIONS: "hour", "day", "snapshot" or "run"
     schema: pa.Schema
     doc: str  # what one row is and what the table holds: the asset's description
     # column -> what it means, with its unit: one per column of the schema (lake tables; TABLES' test)
@@ -47,10 +76,10 @@ class TableSpec:
 
     def key(self, t) -> str:
         """The partition value of the hour or day starting at t (a datetime or date)."""
-        formats = {"hour": "%Y-%m-%dT%H", "day": "%Y-%m-%d"}
-        if self.partition not in formats:
+        kind = PARTITIONS.get(self.partition)
+        if kind is None or not kind.strftime:
             raise ValueError(f"table {self.name}: {self.partition!r} partitions have no time key")
-        return t.strftime(formats[self.partition])
+        return t.strftime(kind.strftime)
 
 
 # Units are converted once, on ingest, by the metric catalog (data/metric_catalog.yaml): ratios 0-1, bytes,
@@ -202,7 +231,7 @@ RAY_SAMPLES = TableSpec.define(
 
 TRAINING_RUNS = TableSpec.define(
     name="training_runs",
-    partition="snapshot",  # one partition, "current": the table is a snapshot, replaced whole each time
+    partition="snapshot",  # one partition, SNAPSHOT: the table is a snapshot, replaced whole each time
     doc="One row per MLflow run (deleted ones too): ids, experiment, status, times, params and tags.",
     columns=[
         ("run_id", STR, "MLflow's run id"),

@@ -23,6 +23,7 @@ from foxhunt_obs.defs.resources import (
     PrometheusResource,
     SlackBotResource,
 )
+from foxhunt_obs.lib.schemas import ALERTS
 
 TICK_SECONDS = 60
 # Dagster gives up on a sensor evaluation after 60 s (DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS), and then the
@@ -219,3 +220,8 @@ def run_failure_alert(
         f"{len(report.sent)} failed runs notified"
         + (f", {waiting} waiting for a sink: {', '.join(sorted(report.failed))}" if waiting else "")
     )
+
+
+# Lake tables no asset writes: both sensors write `alerts`, one row per transition, through the lake sink
+# (lib/delivery/alert_sinks.py). The tables page names them as its writers; no asset may claim it.
+WRITTEN_BY_SENSORS = {ALERTS.name: (alert_sensor.name, run_failure_alert.name)}

@@ -14,11 +14,15 @@ import pyarrow.compute as pc
 from foxhunt_obs.lib.analysis.training_health import Thresholds, build_training_health, mlflow_key, runs_frame
 from foxhunt_obs.lib.ingest.mlflow_sync import needs_history, snapshot_row, split_by_run
 from foxhunt_obs.lib.lake import Lake
-from foxhunt_obs.lib.schemas import TRAINING_HEALTH, TRAINING_HISTORY, TRAINING_METRICS, TRAINING_RUNS
+from foxhunt_obs.lib.schemas import (
+    SNAPSHOT,
+    TRAINING_HEALTH,
+    TRAINING_HISTORY,
+    TRAINING_METRICS,
+    TRAINING_RUNS,
+)
 from foxhunt_obs.lib.sources.mlflow import MlflowSource, MlflowSourceError
 from foxhunt_obs.lib.tables import Built, MissingInput, md_table, row_count
-
-SNAPSHOT = "current"
 
 
 def training_runs(lake: Lake, source: MlflowSource) -> Built:
