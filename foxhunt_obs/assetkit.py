@@ -57,6 +57,16 @@ def build(fn: Callable[..., Built], *args, **kwargs) -> Built:
             tracing.flush()
 
 
+def load(fn: Callable[..., object], *args, **kwargs) -> object:
+    """`fn(*args)` for a loader of a step's data file (the metric and Ray catalogs): its InputError raised as
+    a Dagster Failure like build's, but no span of its own (the step's one span is its table function's).
+    Call it inside the step, not as an argument of build, which Python evaluates before build can catch."""
+    try:
+        return fn(*args, **kwargs)
+    except InputError as e:
+        raise failure(e) from None
+
+
 def _step_scope(fn: Callable) -> tuple[str | None, dict[str, object]]:
     """The run id and the span attributes of the step calling `build` (asset, partition, job); outside a
     Dagster step (tests, bench/), no run and the table function's name."""

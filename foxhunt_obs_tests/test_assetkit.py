@@ -110,3 +110,45 @@ def test_every_error_class_in_lib_is_an_input_error():
             checked.append(node.name)
     assert {"MissingInput", "FewerRows", "LakeError", "PrometheusError", "MlflowSourceError"} <= set(checked)
     assert sorted(bugs) == sorted(NOT_AN_INPUTS_FAULT)
+
+
+@pytest.mark.parametrize("asset, catalog", [("gpu_samples", "metric"), ("ray_samples", "metric"),
+                                            ("ray_samples", "ray")])  # fmt: skip
+def test_a_broken_catalog_fails_the_ingest_step_with_its_message(asset, catalog, tmp_path, monkeypatch):
+    """A catalog edited wrong in a deployment (data/metric_catalog.yaml, data/ray_metrics.yaml: a selector
+    Prometheus cannot parse) fails the step with the CatalogError's message, no traceback, before any query
+    (nothing listens at the Prometheus URL)."""
+    from foxhunt_obs.defs.gpu.assets import gpu_samples
+    from foxhunt_obs.defs.ray.assets import ray_samples
+    from foxhunt_obs.defs.resources import ClusterResource, LakeResource, PrometheusResource
+    from foxhunt_obs.lib.ingest import metric_catalog, ray_series
+
+    module, line, name, typo = {
+        "metric": (metric_catalog, "{name: DCGM_FI_DEV_GPU_UTIL,", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV GPU_UTIL"),
+        "ray": (ray_series, "{names: [ray_object_store_used_memory], since", "ray_object_store_used_memory",
+                "ray_object store_used_memory"),
+    }[catalog]  # fmt: skip
+    text = module.DEFAULT_PATH.read_text()
+    assert text.count(line) == 1
+    broken = tmp_path / module.DEFAULT_PATH.name
+    broken.write_text(text.replace(line, line.replace(name, typo)))
+    monkeypatch.setattr(module, "DEFAULT_PATH", broken)
+
+    result = dg.materialize(
+        [{"gpu_samples": gpu_samples, "ray_samples": ray_samples}[asset]],
+        partition_key="2026-11-02-00:00",
+        resources={
+            "lake": LakeResource.from_env(root=str(tmp_path / "lake")),
+            "prometheus": PrometheusResource.from_env(url="http://127.0.0.1:9"),  # discard port: never asked
+            "cluster": ClusterResource.from_env(),
+        },
+        raise_on_error=False,
+    )
+    assert not result.success
+    (failed,) = result.get_step_failure_events()
+    error = failed.step_failure_data.error
+    assert error.cls_name == "Failure" and error.cause is None and error.context is None
+    description = failed.step_failure_data.user_failure_data.description
+    assert description.startswith(f"{'Ray' if catalog == 'ray' else 'metric'} catalog {broken}: malformed")
+    assert typo in description
+    assert not (tmp_path / "lake").exists()

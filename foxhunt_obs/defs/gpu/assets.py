@@ -47,10 +47,12 @@ class IngestConfig(dg.Config):
 
 
 def _ingest(table_fn, context, config: IngestConfig, lake, prometheus, cluster):
-    """A Prometheus ingest table over the run's hours, its log lines into the run's log."""
+    """A Prometheus ingest table over the run's hours, its log lines into the run's log. A broken metric
+    catalog fails the step with its CatalogError's message (assetkit.load), not a traceback."""
     hours = hours_of(context.partition_time_window)
+    catalog = assetkit.load(load_catalog)
     built = assetkit.build(
-        table_fn, lake.lake(), prometheus.client(), load_catalog(), cluster.settings(), hours,
+        table_fn, lake.lake(), prometheus.client(), catalog, cluster.settings(), hours,
         allow_fewer_rows=config.allow_fewer_rows,
     )  # fmt: skip
     assetkit.log(context, built)

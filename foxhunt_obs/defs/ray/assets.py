@@ -53,8 +53,10 @@ def ray_samples(
     prometheus: PrometheusResource,
     cluster: ClusterResource,
 ):
+    # a broken catalog fails the step with its CatalogError's message (assetkit.load), not a traceback
+    ray, catalog = assetkit.load(load_ray_catalog), assetkit.load(load_catalog)
     built = assetkit.build(
-        ray_tables.ray_samples, lake.lake(), prometheus.client(), load_ray_catalog(), load_catalog(),
+        ray_tables.ray_samples, lake.lake(), prometheus.client(), ray, catalog,
         cluster.settings(), hours_of(context.partition_time_window), allow_fewer_rows=config.allow_fewer_rows,
     )  # fmt: skip
     assetkit.log(context, built)
