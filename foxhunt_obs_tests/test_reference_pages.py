@@ -94,6 +94,20 @@ def test_a_table_no_asset_or_sensor_writes_stops_the_page(generator, monkeypatch
         generator.tables()
 
 
+def test_the_tuning_paragraph_lists_every_overridable_field(generator, monkeypatch):
+    from foxhunt_obs.lib.alerts.rules import OVERRIDABLE
+
+    tuning = next(
+        line
+        for line in (ROOT / "docs" / "reference" / "alert-rules.md").read_text().splitlines()
+        if line.startswith("**Tuning.**")
+    )
+    assert re.findall(r"`(\w+)`(?: \([^)]*\))?(?:,| and|;)", tuning) == list(OVERRIDABLE)
+    monkeypatch.setitem(generator.OVERRIDE_NOTES, "labels", "not overridable")
+    with pytest.raises(SystemExit, match="labels"):
+        generator.alert_rules()
+
+
 def test_a_bench_result_without_a_description_stops_the_page(generator, monkeypatch, tmp_path):
     (tmp_path / "new_bench.json").write_text(json.dumps({"benchmark": "new_bench", "ratios": {"x": 1.0}}))
     monkeypatch.setattr(generator, "BENCH_RESULTS", tmp_path)

@@ -363,6 +363,30 @@ SOURCE_SETTINGS = {
 }
 
 
+# What limits an overridable field (lib/alerts/rules.py OVERRIDABLE) that not every rule uses, shown after it
+# in the Tuning paragraph. A note on a field that is not overridable, or naming a rule (`id`) the catalog
+# lacks, fails the page.
+OVERRIDE_NOTES = {
+    "select": "rules evaluated in Python only",
+    "budgets": "`budget_burn`'s live budgets, per experiment",
+}
+
+
+def _overridable(rules) -> str:
+    """The Tuning paragraph's list of the fields an overrides file may set, from the rules module's own."""
+    from foxhunt_obs.lib.alerts.rules import OVERRIDABLE
+
+    ids = {r.id for r in rules}
+    wrong = sorted(set(OVERRIDE_NOTES) - set(OVERRIDABLE))
+    wrong += sorted({n for v in OVERRIDE_NOTES.values() for n in re.findall(r"`(\w+)`", v)} - ids)
+    if wrong:
+        raise SystemExit(
+            f"OVERRIDE_NOTES (tools/reference_pages.py): not overridable or no such rule: {wrong}"
+        )
+    items = [f"`{f}`" + (f" ({OVERRIDE_NOTES[f]})" if f in OVERRIDE_NOTES else "") for f in OVERRIDABLE]
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
+
+
 def _override(rule) -> str:
     from foxhunt_obs.lib.alerts.rules import format_duration, number_literal
 
@@ -396,9 +420,8 @@ def alert_rules() -> str:
         "condition has held for its `for` duration. Summaries and descriptions are `str.format` templates "
         "over the alert's labels, `value` and the thresholds.",
         "",
-        "**Tuning.** The thresholds, `for`, severity, `enabled` (and a Python rule's `select`, `budget_burn`'s "
-        "`budgets`) of any rule are overridden in a YAML file named by `FOXHUNT_ALERT_RULES` "
-        "(see [Configuration](configuration.md)); each rule below shows its override with today's values. "
+        "**Tuning.** A YAML file named by `FOXHUNT_ALERT_RULES` (see [Configuration](configuration.md)) "
+        f"overrides a rule's {_overridable(rules)}; each rule below shows its override with today's values. "
         "A broken overrides file does not stop alerting: the rules it gave last are used and the sensor says "
         "what is wrong.",
         "",

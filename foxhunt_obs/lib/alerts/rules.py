@@ -38,7 +38,8 @@ OVERRIDES_ENV = "FOXHUNT_ALERT_RULES"
 
 _REQUIRED = ("id", "severity", "source", "for", "thresholds", "key", "summary", "description")
 _OPTIONAL = ("labels", "promql", "enabled", "select", "budgets", "refreshes_training")
-_OVERRIDABLE = ("thresholds", "for", "severity", "enabled", "select", "budgets")
+# The fields an overrides file (FOXHUNT_ALERT_RULES) may set on a rule; the alert rules page lists them.
+OVERRIDABLE = ("thresholds", "for", "severity", "enabled", "select", "budgets")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -456,9 +457,9 @@ def _apply_overrides(rules: list[Rule], path: Path) -> list[Rule]:
             continue
         if not isinstance(change, dict):
             raise fail("expected a mapping of overrides")
-        unknown = sorted(set(change) - set(_OVERRIDABLE))
+        unknown = sorted(set(change) - set(OVERRIDABLE))
         if unknown:
-            raise fail(f"unknown fields {unknown} (overridable: {list(_OVERRIDABLE)})")
+            raise fail(f"unknown fields {unknown} (overridable: {list(OVERRIDABLE)})")
         rule = by_id[rid]
         updates: dict[str, Any] = {}
         if "thresholds" in change:
