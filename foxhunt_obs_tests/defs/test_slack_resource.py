@@ -234,3 +234,31 @@ def test_an_alert_links_to_the_sensor_under_the_location_the_tick_runs_in(lake, 
     [post] = slack.requests
     link = "https://dagster.example.com/locations/foxhunt%20prod%2Feu/sensors/alert_sensor?rule=gpu_training_stall"
     assert f"<{link}|" in post["params"]["text"], post["params"]["text"]
+
+
+@pytest.mark.servers
+def test_a_refreshes_training_rule_requests_todays_training_job(lake, tmp_path, monkeypatch):
+    """The sensor requests training_job for today when a notified rule has `refreshes_training`: the same
+    firing gpu_training_stall only notifies with the packaged catalog, and asks for the refresh once the
+    catalog (a copy, flag added) says so."""
+    from datetime import datetime, timezone
+
+    from foxhunt_obs.lib.alerts import rules as catalog
+
+    definitions = defs()
+    result = _alert_tick(definitions)
+    assert isinstance(result, dg.SkipReason) and "1 notified" in result.skip_message
+
+    text, rule = catalog.DEFAULT_PATH.read_text(), "  - id: gpu_training_stall\n"
+    assert text.count(rule) == 1
+    flagged = tmp_path / "alert_rules.yaml"
+    flagged.write_text(text.replace(rule, rule + "    refreshes_training: true\n"))
+    monkeypatch.setattr(catalog, "DEFAULT_PATH", flagged)
+    monkeypatch.setenv("FOXHUNT_LAKE", str(tmp_path / "another_lake"))  # no alert state: it fires anew
+    result = _alert_tick(definitions)
+    assert isinstance(result, dg.SensorResult), result
+    [request] = result.run_requests
+    today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    assert (request.job_name, request.partition_key) == ("training_job", today)
+    [row] = Lake(str(tmp_path / "another_lake")).query("SELECT rule, status FROM alerts").to_pylist()
+    assert row == {"rule": "gpu_training_stall", "status": "firing"}
