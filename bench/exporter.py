@@ -1,5 +1,5 @@
-"""Benchmark: the foxhunt GPU exporter against an nvidia-smi-per-poll approach ("seed": spawn the tool on
-every poll, the obvious alternative), in one run.
+"""Benchmark: the foxhunt GPU exporter against spawning nvidia-smi on every poll (the obvious alternative),
+in one run.
 
   scrape   /metrics latency over HTTP on 127.0.0.1 (keep-alive client, 2,000 scrapes per format) of a real
            exporter process with 8 and 64 fake GPUs; its RSS and CPU per scrape from /proc
@@ -7,7 +7,7 @@ every poll, the obvious alternative), in one run.
            wall and thread CPU; the poller alone (every read replayed from a memo); and the cost of
            rendering the exposition once (what the poller pays per format after a poll, and what every
            scrape would pay without the render cache)
-  seed     `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` spawned and parsed once per poll;
+  smi      `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` spawned and parsed once per poll;
            where no nvidia-smi exists, a /bin/sh stand-in printing the same CSV: a lower bound, since the
            real tool also loads and initialises NVML on every call (typically tens to hundreds of ms)
 
@@ -190,8 +190,8 @@ def smi_stand_in(tmp: Path, gpus: int) -> str:
     return str(script)
 
 
-def bench_seed(gpus: int, polls: int, tmp: Path) -> dict:
-    """The "seed" way: one nvidia-smi process per poll, CSV parsed into floats."""
+def bench_nvidia_smi(gpus: int, polls: int, tmp: Path) -> dict:
+    """The nvidia-smi way: one nvidia-smi process per poll, CSV parsed into floats."""
     real = shutil.which("nvidia-smi")
     command = [real or smi_stand_in(tmp, gpus), *SMI_QUERY]
     walls, cpus = [], []
@@ -238,15 +238,15 @@ def main() -> int:
         tmp = Path(tmp_name)
         for gpus in GPU_COUNTS:
             ours = {"scrape": bench_scrapes(gpus, args.scrapes, tmp), "poll": bench_poll(gpus, args.polls)}
-            seed = bench_seed(gpus, min(args.polls, 100), tmp)
+            smi = bench_nvidia_smi(gpus, min(args.polls, 100), tmp)
             result["gpus"][str(gpus)] = {
                 "ours": ours,
-                "seed_nvidia_smi": seed,
+                "nvidia_smi_per_poll": smi,
                 "ratios": {
-                    "seed_poll_wall_over_ours": round(seed["poll_ms_median"] / ours["poll"]["poll_ms_median"], 1),
-                    "seed_poll_cpu_over_ours": round(seed["cpu_s_per_poll"] / ours["poll"]["cpu_s_per_poll"], 1),
-                    "seed_poll_wall_over_poller_overhead": round(
-                        seed["poll_ms_median"] / ours["poll"]["poller_overhead_ms_median"], 1),
+                    "nvidia_smi_poll_wall_over_ours": round(smi["poll_ms_median"] / ours["poll"]["poll_ms_median"], 1),
+                    "nvidia_smi_poll_cpu_over_ours": round(smi["cpu_s_per_poll"] / ours["poll"]["cpu_s_per_poll"], 1),
+                    "nvidia_smi_poll_wall_over_poller_overhead": round(
+                        smi["poll_ms_median"] / ours["poll"]["poller_overhead_ms_median"], 1),
                     "uncached_render_over_cached_scrape_openmetrics": round(
                         ours["poll"]["render_ms"]["openmetrics"] / ours["scrape"]["openmetrics"]["p50_ms"], 1),
                 },
@@ -273,7 +273,7 @@ def print_table(r: dict) -> None:
     head = f"{'GPUs':>4}  {'what':<34}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms':>9}  note"
     print(head + "\n" + "-" * len(head))
     for gpus, g in r["gpus"].items():
-        s, p, seed = g["ours"]["scrape"], g["ours"]["poll"], g["seed_nvidia_smi"]
+        s, p, smi = g["ours"]["scrape"], g["ours"]["poll"], g["nvidia_smi_per_poll"]
         for fmt in ("text", "openmetrics"):
             print(f"{gpus:>4}  {'scrape /metrics ' + fmt:<34}{s[fmt]['p50_ms']:>9.3f}{s[fmt]['p99_ms']:>9.3f}"
                   f"{s['exporter_cpu_ms_per_scrape']:>9.3f}  {s[fmt]['body_bytes']} B, "
@@ -281,9 +281,9 @@ def print_table(r: dict) -> None:
         print(f"{gpus:>4}  {'poll cycle (fake backend)':<34}{p['poll_ms_median']:>9.3f}{p['poll_ms_p99']:>9.3f}"
               f"{p['cpu_s_per_poll'] * 1000:>9.3f}  poller alone {p['poller_overhead_ms_median']} ms; render text "
               f"{p['render_ms']['text']} ms, openmetrics {p['render_ms']['openmetrics']} ms")  # fmt: skip
-        print(f"{gpus:>4}  {'seed: nvidia-smi per poll':<34}{seed['poll_ms_median']:>9.3f}{seed['poll_ms_p99']:>9.3f}"
-              f"{seed['cpu_s_per_poll'] * 1000:>9.3f}  x{g['ratios']['seed_poll_wall_over_ours']} wall, "
-              f"x{g['ratios']['seed_poll_cpu_over_ours']} CPU vs ours")  # fmt: skip
+        print(f"{gpus:>4}  {'nvidia-smi per poll':<34}{smi['poll_ms_median']:>9.3f}{smi['poll_ms_p99']:>9.3f}"
+              f"{smi['cpu_s_per_poll'] * 1000:>9.3f}  x{g['ratios']['nvidia_smi_poll_wall_over_ours']} wall, "
+              f"x{g['ratios']['nvidia_smi_poll_cpu_over_ours']} CPU vs ours")  # fmt: skip
         print(f"{gpus:>4}  {'exporter RSS MB':<34}{s['rss_mb_after_scrapes']:>9.1f}")
     t = r["target_check"]
     print(f"      real-NVML mode RSS {r['rss_mb_nvml_mode']} MB")

@@ -598,7 +598,7 @@ def _rows_exporter(r: dict) -> list[list[object]]:
             ],
             [
                 f"{_num(int(n))} GPUs: one poll, nvidia-smi per poll (median)",
-                f"{_num(_get(g, 'seed_nvidia_smi', 'poll_ms_median'))} ms",
+                f"{_num(_get(g, 'nvidia_smi_per_poll', 'poll_ms_median'))} ms",
             ],
         ]
         rows += [[f"{_num(int(n))} GPUs: {k}", _num(v)] for k, v in (g.get("ratios") or {}).items()]
