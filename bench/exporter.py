@@ -1,5 +1,9 @@
 """Benchmark: the foxhunt GPU exporter against spawning nvidia-smi on every poll (the obvious alternative),
-in one run.
+in one run: `/metrics` latency over HTTP of a real exporter process with 8 and 64 fake GPUs (2,000 scrapes
+per format, keep-alive), its RSS and CPU per scrape, and one poll cycle in-process over the fake backend,
+against `nvidia-smi --query-gpu=... --format=csv` spawned and parsed once per poll (on a machine without a
+GPU, a shell stand-in printing the same CSV: a lower bound, since the real tool also loads NVML on every
+call).
 
   scrape   /metrics latency over HTTP on 127.0.0.1 (keep-alive client, 2,000 scrapes per format) of a real
            exporter process with 8 and 64 fake GPUs; its RSS and CPU per scrape from /proc

@@ -1,5 +1,8 @@
-"""Benchmark: the lake on S3 at scale. One week of 1,024 GPUs at 15 s written to an S3 lake on a
-moto server, the weekly report computed from it; the same week on a local-disk lake, in the same run.
+"""Benchmark: the lake on S3 at scale. One week of 1,024 GPUs at 15 s (bench/report.py's synthetic
+cluster) written through `Lake.write_partition` and the weekly report computed from it, on an S3 lake served
+by a moto server against a local-disk lake in the same run, each step in a fresh process; the two lakes'
+outputs must agree. moto answers on loopback from memory: the S3 figures carry the S3 API's request and
+(de)serialisation cost, not a real bucket's latency.
 
 The week is bench/report.py's synthetic cluster (p4de nodes of 8 GPUs, pods holding a node or half of one,
 stalls, a driver reload, CUR lines per instance-hour), written through Lake.write_partition as the ingest

@@ -1,10 +1,13 @@
 """Benchmark: every metric history of 48 runs x 8 keys x 2,000 steps (768k points) from a real MLflow
-tracking server, three ways, in one run.
+tracking server, in one run. `ours` (`MlflowSource.histories`: bulk-interval step windows on a thread pool)
+against the obvious alternative, `naive` (`MlflowClient.get_metric_history` per run and key), and against
+`backend_store`, the same read from MLflow's SQL tables; `ours_1_worker` is ours against a one-worker
+server.
 
   naive          for each run, for each key: MlflowClient.get_metric_history(run_id, key)
   ours           MlflowSource(uri).histories(runs): get-history-bulk-interval step windows (exact re-reads
                  with get-history where a window could be sampled) on a thread pool
-  backend-store  MlflowSource(uri, backend_store_uri=sqlite:///...).histories(runs): MLflow's SQL tables
+  backend_store  MlflowSource(uri, backend_store_uri=sqlite:///...).histories(runs): MLflow's SQL tables
 
 The server runs `mlflow server`'s default 4 workers: answering costs the server far more per point than
 parsing costs us, so the REST path wins by asking for cheaper answers and keeping several workers busy. `ours` is also timed

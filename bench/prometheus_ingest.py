@@ -1,5 +1,10 @@
 """Benchmark: Prometheus -> lake against the raw download of the same responses, from a real Prometheus
-(16 nodes x 8 GPUs, 24 hours at 15 s), in one run. Two workloads:
+holding a day of 16 nodes x 8 GPUs at 15 s, in one run. Asset day: `gpu_samples` over the day's 24 hourly
+partitions as a backfill runs it (`ours`; `ours_serial` one query at a time) against the floor, `raw`: the
+very requests ours sent, replayed one after another with the same HTTP client, bodies dropped (`raw_side`:
+the replay at ours' concurrency). One window: a single 24-hour query of util, ours against the obvious
+alternative, prometheus-api-client's `custom_query_range` and `MetricRangeDataFrame`. Each method in a fresh
+process, methods interleaved within a round, the median counts.
 
 asset day (the target): what a backfill run of a day of gpu_samples does
   ours         lib/tables/gpu.gpu_samples over the day's 24 hourly partitions, every GPU metric of the

@@ -1,7 +1,10 @@
-"""Experiment: would downloading and parsing in worker processes bring the asset day nearer the raw
-download than threads do? Ours runs at about one core (the GIL); processes could use both.
+"""Experiment: would downloading and parsing each range query in worker processes bring the asset day
+nearer the raw download than threads do? Ours runs at about one core (the GIL); processes could use both.
+Same Prometheus, day and recorded requests as bench/prometheus_ingest.py: `raw` replayed, `threads` as the
+asset runs, `processes_4` and `processes_2` with each query run in a worker forked from a forkserver started
+before the timing. Not a product path: the evidence for not building one.
 
-Same Prometheus, day and recorded requests as bench/prometheus_ingest.py, in one process, interleaved:
+In one process, interleaved:
   raw          the recorded requests replayed one after another (prometheus_ingest's `raw`)
   threads      gpu_samples over the day as the asset runs it (prometheus_ingest's `ours`)
   processes_4  the same, each query_range (download and parse) run in one of 4 worker processes
@@ -10,8 +13,8 @@ Same Prometheus, day and recorded requests as bench/prometheus_ingest.py, in one
   processes_2  the same with 2 workers (still 4 queries asked for at a time, as the threads do)
 
 CPU counts this process and the workers (read from /proc before they stop; also on their own) and
-Prometheus apart. Workers are started per day, as a run would start them. Writes bench/results/prometheus_processes.json.
-Not a product path: this is the evidence for not building one (see the README's Performance section).
+Prometheus apart. Workers are started per day, as a run would start them. Writes
+bench/results/prometheus_processes.json.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Benchmark: the whole weekly cost report over a synthetic lake of N GPUs x 7 days at 15 s, in one run.
+"""Benchmark: the whole weekly cost report over a synthetic week at 15 s of 64, 512 and 4,096 GPUs (p4de
+nodes of 8 GPUs, pods holding a node or half of one, idle stretches, CUR lines per instance-hour), in one
+run: `gpu_hourly` -> `cost_allocation` -> `utilization_per_dollar` -> `outcome_per_dollar` ->
+`weekly_cost_report`, the functions the assets call, each run in a fresh process. Against the obvious
+alternative, pandas doing the biggest stage, `gpu_hourly`, with the same output checked row by row; and
+`gpu_hourly` summed from the samples instead of each hour's parts.
 
 The lake is written straight to Parquet (no Prometheus, no AWS) with the project's schemas, once per size,
 outside the timing: gpu_samples (hour partitions, written by the ingest's own write, with each hour's parts

@@ -115,6 +115,21 @@ def test_a_bench_result_without_a_description_stops_the_page(generator, monkeypa
         generator.speed()
 
 
+def test_a_bench_without_a_docstring_stops_the_page(generator, monkeypatch, tmp_path):
+    """What a benchmark measures is its module docstring's first paragraph: none, no page."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "report.json").write_text(
+        (ROOT / "bench" / "results" / "report.json").read_text()
+    )
+    (tmp_path / "report.py").write_text("import sys\n")
+    monkeypatch.setattr(generator, "BENCH", tmp_path)
+    monkeypatch.setattr(generator, "BENCH_RESULTS", tmp_path / "results")
+    with pytest.raises(SystemExit, match="bench/report.py: no module docstring"):
+        generator.speed()
+    (tmp_path / "report.py").write_text('"""Benchmark: the report, against pandas.\n\nMore."""\n')
+    assert "## The weekly report\n\nThe report, against pandas.\n" in generator.speed()
+
+
 def test_every_bench_result_is_on_the_speed_page():
     page = (ROOT / "docs" / "reference" / "speed.md").read_text()
     for path in sorted((ROOT / "bench" / "results").glob("*.json")):

@@ -10,7 +10,7 @@ Each page is read from the registry the code itself runs on, through the code's 
                      of the code location that write them (loaded, not run: nothing is started)
   alert-rules.md     data/alert_rules.yaml through lib/alerts/rules.load_rules
   metric-catalog.md  data/metric_catalog.yaml through lib/ingest/metric_catalog.load_catalog
-  speed.md           bench/results/*.json, with what each bench/*.py measures
+  speed.md           bench/results/*.json, with what each bench/*.py measures (its docstring)
 
 The output is deterministic (registry order or sorted, no generation time), so `--check` is stable and
 foxhunt_obs_tests/test_reference_pages.py fails on a stale page.
@@ -19,6 +19,7 @@ foxhunt_obs_tests/test_reference_pages.py fails on a stale page.
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
 import json
 import math
@@ -30,7 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "reference"
-BENCH_RESULTS = ROOT / "bench" / "results"
+BENCH = ROOT / "bench"
+BENCH_RESULTS = BENCH / "results"
 COMMAND = "python tools/reference_pages.py"
 
 if str(ROOT) not in sys.path:  # run as a script from anywhere: the package is the checkout's
@@ -727,74 +729,31 @@ def _rows_ratios(r: dict) -> list[list[object]]:
     return [[k, _num(v)] for k, v in (r.get("ratios") or {}).items() if isinstance(v, int | float)]
 
 
-# Each benchmark: its script, what it measures and against what. A result without an entry fails the page.
-BENCHMARKS: dict[str, tuple[str, str, Callable[[dict], list[list[object]]]]] = {
-    "exporter": (
-        "The NVML exporter",
-        "`/metrics` latency over HTTP of a real exporter process with 8 and 64 fake GPUs (2,000 scrapes per "
-        "format, keep-alive), its RSS and CPU per scrape; one poll cycle in-process over the fake backend. "
-        "Against: spawning `nvidia-smi --query-gpu=... --format=csv` once per poll and parsing it (on a "
-        "machine without a GPU, a shell stand-in printing the same CSV: a lower bound, since the real tool "
-        "also loads NVML on every call).",
-        lambda r: _rows_exporter(r),
-    ),
-    "lake_s3": (
-        "The lake on S3",
-        "A week of 1,024 GPUs at 15 s (the report bench's synthetic cluster) written through "
-        "`Lake.write_partition` and the weekly report computed from it, on an S3 lake served by a moto "
-        "server and on a local-disk lake in the same run; each step in a fresh process. The two lakes' "
-        "outputs must agree. moto answers on loopback from memory: the S3 figures carry the S3 API's "
-        "request and (de)serialisation cost, not a real bucket's latency.",
-        lambda r: _rows_lake_s3(r) + _rows_ratios(r),
-    ),
-    "mlflow_ingest": (
-        "MLflow histories",
-        "Every metric history of 48 runs × 8 keys × 2,000 steps (768k points) from a real MLflow tracking "
-        "server. `naive`: `MlflowClient.get_metric_history` per run and key. `ours`: `MlflowSource.histories` "
-        "(bulk-interval step windows on a thread pool). `backend_store`: the same read from MLflow's SQL "
-        "tables. `ours_1_worker`: ours against a one-worker server.",
-        lambda r: _rows_methods(r.get("methods", {})) + _rows_ratios(r),
-    ),
-    "prometheus_ingest": (
-        "Prometheus to the lake",
-        "A real Prometheus holding a day of 16 nodes × 8 GPUs at 15 s. Asset day: `gpu_samples` over the "
-        "day's 24 hourly partitions as a backfill runs it (`ours`; `ours_serial` one query at a time) against "
-        "`raw`, the very requests ours sent replayed one after another with the same HTTP client, bodies "
-        "dropped: the download alone, the floor (`raw_side`: the replay at ours' concurrency). One window: a "
-        "single 24-hour query of util, ours against prometheus-api-client's `custom_query_range` and "
-        "`MetricRangeDataFrame`. Each method in a fresh process, methods interleaved within a round, the "
-        "median counts.",
-        lambda r: _rows_prometheus_ingest(r) + _rows_ratios(r),
-    ),
+# Each benchmark: its section's title and its figures. What it measures and against what is the first
+# paragraph of bench/<name>.py's docstring. A result without an entry fails the page.
+BENCHMARKS: dict[str, tuple[str, Callable[[dict], list[list[object]]]]] = {
+    "exporter": ("The NVML exporter", lambda r: _rows_exporter(r)),
+    "lake_s3": ("The lake on S3", lambda r: _rows_lake_s3(r) + _rows_ratios(r)),
+    "mlflow_ingest": ("MLflow histories", lambda r: _rows_methods(r.get("methods", {})) + _rows_ratios(r)),
+    "prometheus_ingest": ("Prometheus to the lake", lambda r: _rows_prometheus_ingest(r) + _rows_ratios(r)),
     "prometheus_processes": (
         "Worker processes for the Prometheus ingest (an experiment)",
-        "Would downloading and parsing each range query in worker processes bring the asset day nearer the "
-        "raw download than threads do? Same Prometheus, day and recorded requests as the Prometheus bench: "
-        "`raw` replayed, `threads` as the asset runs, `processes_4` and `processes_2` with each query run in "
-        "a worker forked from a forkserver started before the timing. Not a product path: the evidence for "
-        "not building one.",
         lambda r: _rows_methods(r.get("methods", {})) + _rows_ratios(r),
     ),
-    "report": (
-        "The weekly report",
-        "A synthetic week at 15 s of 64, 512 and 4,096 GPUs (p4de nodes of 8 GPUs, pods holding a node or "
-        "half of one, idle stretches, CUR lines per instance-hour): `gpu_hourly` → `cost_allocation` → "
-        "`utilization_per_dollar` → `outcome_per_dollar` → `weekly_cost_report`, the functions the assets "
-        "call, each run in a fresh process. Against: pandas doing the biggest stage, `gpu_hourly`, with the "
-        "same output checked row by row; and `gpu_hourly` summed from the samples instead of each hour's "
-        "parts.",
-        lambda r: _rows_report(r),
-    ),
-    "sensors": (
-        "The alert tick",
-        "The alert sensor's tick (`engine.tick` as the sensor calls it) against a real Prometheus holding 6 h "
-        "at 15 s of 64 and 1,024 GPUs, at 60 evaluation times a pass. Against: the same with one query at a "
-        "time (`ours_serial`, whose findings must match tick by tick); a hand-written sensor's "
-        "prometheus-api-client `custom_query` per rule (`client`); and the floor, Prometheus's own execution "
-        "of the rules' queries.",
-        lambda r: _rows_sensors(r),
-    ),
+    "report": ("The weekly report", lambda r: _rows_report(r)),
+    "sensors": ("The alert tick", lambda r: _rows_sensors(r)),
 }
+
+
+def _bench_summary(name: str) -> str:
+    """What bench/<name>.py measures and against what: its module docstring's first paragraph, less its
+    "Benchmark: " (or "Experiment: ") label."""
+    path = BENCH / f"{name}.py"
+    text = _paragraph(ast.get_docstring(ast.parse(path.read_text()))) if path.exists() else ""
+    if not text:
+        raise SystemExit(f"bench/{name}.py: no module docstring to say what it measures and against what")
+    text = re.sub(r"^(Benchmark|Experiment): ", "", text)
+    return text[:1].upper() + text[1:]
 
 
 def _machine(m: Mapping) -> str:
@@ -893,8 +852,8 @@ def speed() -> str:
     lines += _table(["Benchmark", "Script", "Recorded (UTC)"], rows)
     for stem, r in loaded.items():
         name = r.get("benchmark", stem)
-        title, what, figures = BENCHMARKS[name]
-        lines += [f"## {title}", "", what, ""]
+        title, figures = BENCHMARKS[name]
+        lines += [f"## {title}", "", _bench_summary(name), ""]
         lines += [
             f"- Script `bench/{name}.py`, results `bench/results/{stem}.json`",
             f"- Recorded {r.get('when', '?')} on {_machine(r.get('machine', {})) or 'an unrecorded machine'}",
