@@ -5,8 +5,10 @@ reference a clone cannot follow:
 
 * a document the repository lacks: the design document and the seed and issue texts it was built from
   (a file under a ``shared/`` folder beside the checkout, ``DESIGN.md``, "DESIGN §n", "SEEDS", "seed 000",
-  "issue 16 §4"). An issue or pull request of a public project is fine when the same line names the project:
-  ``NVIDIA/dcgm-exporter issue #713``, ``ray-project/ray#28799`` or a https://github.com/... URL.
+  "issue 16 §4"). An issue or pull request of a public project is fine when its project is named right
+  before it, ``NVIDIA/dcgm-exporter issue #713`` or ``ray-project/ray#28799``, or the line holds a
+  https://github.com/... URL. The name must be a GitHub owner/repo: not a file (``lib/lake.py issue 19``),
+  not a path of three parts, not a column (``gpu_samples/hour issue 12``: no '_' in an owner's name).
 * a relative link that leads nowhere: a path under a top-level folder of the repository written in a
   comment or prose (``docs/cost-model.md``, ``foxhunt_obs/data/alert_rules.yaml``), or a Markdown link
   (``[x](../design.md#layout)``), to a file that does not exist or to an anchor that no heading of a
@@ -36,12 +38,16 @@ OUTSIDE = [
     (re.compile(r"\bseeds?[ _#-]?\d+(?!\d)", re.I), "a seed document (outside the repository)"),
 ]
 ISSUE = re.compile(r"(?<![\w/.-])(?:issues?|PRs?|pull requests?)\s*#?\d+", re.I)
-# A line that names the public project its issue numbers belong to.
-PUBLIC_PROJECT = re.compile(
-    r"github\.com/[\w.-]+/[\w.-]+"
-    r"|\b[\w.-]+/[\w.-]+(?:'s)?\s+(?:issues?|PRs?|pull requests?|commit)\b"
-    r"|\b[\w.-]+/[\w.-]+#\d+",
-    re.I,
+# A line with a GitHub URL names the project of its issue numbers.
+GITHUB_URL = re.compile(r"github\.com/[\w.-]+/[\w.-]+", re.I)
+# A GitHub owner/repo right before an issue ("NVIDIA/dcgm-exporter issue #713", "ray-project/ray's PR 5"):
+# an owner is letters, digits and single inner hyphens; neither part of a longer path.
+PROJECT_BEFORE = re.compile(
+    r"(?<![\w./-])[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}/(?P<repo>[\w.-]+)(?:'s)?`?\s+$"
+)
+# A repo name ending like a file is a file: lib/lake.py, docs/design.md.
+FILE_EXTENSION = re.compile(
+    r"\.(?:py|md|ya?ml|json|sql|toml|sh|txt|tsv|csv|prom|html|j2|cfg|ini|rst|cc?|cpp|h|go|rs|ts|proto)$", re.I
 )
 
 MD_LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -128,14 +134,22 @@ def _broken(target: Path, anchor: str | None, shown: str) -> str | None:
     return None
 
 
+def _public_issue(line: str, issue: re.Match) -> bool:
+    """The issue's project is named: an owner/repo right before it, or a GitHub URL on the line."""
+    if GITHUB_URL.search(line):
+        return True
+    m = PROJECT_BEFORE.search(line[: issue.start()])
+    return m is not None and not FILE_EXTENSION.search(m.group("repo"))
+
+
 def _outside_references(line: str) -> list[str]:
     found = [f"{m.group(0)!r}: {why}" for pattern, why in OUTSIDE for m in pattern.finditer(line)]
-    if not PUBLIC_PROJECT.search(line):
-        found += [
-            f"{m.group(0)!r}: an issue with no public project named on the line (write owner/repo#N "
-            "or a github.com URL, or state the fact)"
-            for m in ISSUE.finditer(line)
-        ]
+    found += [
+        f"{m.group(0)!r}: an issue with no public project named right before it (write owner/repo#N, "
+        "owner/repo issue N or a github.com URL, or state the fact)"
+        for m in ISSUE.finditer(line)
+        if not _public_issue(line, m)
+    ]
     return found
 
 
@@ -225,11 +239,22 @@ def test_the_patterns_catch_what_they_must():
         "(issue #28799, done)",
         "dcgm-exporter issue #713 shows",
         "the SEEDS",
+        "see lib/lake.py issue 19",
+        "gpu_samples/hour issue 12 §3",
+        "foxhunt_obs/lib/lake.py issue 19",
+        "a/b/c issue 4",
+        "NVIDIA/dcgm-exporter is fine, but issue 16 is ours",
+        "ray-project/ray issue #14613: PR #14184",
+        "docs/design.md's issue 3",
     ):
         assert _outside_references(bad), bad
     for good in (
         "NVIDIA/dcgm-exporter issue #713",
         "ray-project/ray#28799",
+        "ray-project/ray's PR 14184",
+        "`NVIDIA/dcgm-exporter` issues #713 and #512",
+        "pytorch/pytorch.github.io issue 7",
+        "see issue #512 (https://github.com/NVIDIA/dcgm-exporter/issues/512)",
         "https://github.com/NVIDIA/dcgm-exporter/issues/512",
         "the fixture pods-issue512.prom",
         "random seed=42",
