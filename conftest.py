@@ -15,6 +15,7 @@ so the split stays true as tests are added.
 from __future__ import annotations
 
 import fcntl
+import multiprocessing.util
 import os
 import socket
 import subprocess
@@ -65,11 +66,12 @@ def _note(what: str) -> None:
 
 
 def _watch_starts() -> None:
-    """Every process (subprocess, multiprocessing, a fork) and every listening socket passes through here."""
+    """Every process started (subprocess, multiprocessing, os.fork) and every socket that listens passes here."""
     execute_child = subprocess.Popen._execute_child
 
     def _execute_child(self, args, *rest, **kw):
-        _note(f"a process: {args if isinstance(args, str | bytes) else ' '.join(map(str, args))}")
+        argv = [args] if isinstance(args, str | bytes | os.PathLike) else args
+        _note(f"a process: {' '.join(map(os.fsdecode, argv))}")
         return execute_child(self, args, *rest, **kw)
 
     fork = os.fork
@@ -77,6 +79,12 @@ def _watch_starts() -> None:
     def _fork():
         _note("a forked process")
         return fork()
+
+    spawnv_passfds = multiprocessing.util.spawnv_passfds  # multiprocessing's spawn and forkserver
+
+    def _spawnv_passfds(path, args, passfds):
+        _note(f"a process: {' '.join(map(os.fsdecode, args))}")
+        return spawnv_passfds(path, args, passfds)
 
     listen = socket.socket.listen
 
@@ -90,6 +98,7 @@ def _watch_starts() -> None:
 
     subprocess.Popen._execute_child = _execute_child
     os.fork = _fork
+    multiprocessing.util.spawnv_passfds = _spawnv_passfds
     socket.socket.listen = _listen
 
 
