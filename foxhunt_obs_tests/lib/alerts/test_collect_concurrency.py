@@ -118,19 +118,22 @@ class _Slow(http.server.BaseHTTPRequestHandler):
             cls.seen.append(query)
         try:
             time.sleep(self.DELAY_S)
-            if self.fail in query:
-                status, doc = 400, {"status": "error", "errorType": "bad_data", "error": "parse error"}
-            else:
-                status, doc = 200, {"status": "success", "data": {"resultType": "vector", "result": []}}
-            body = json.dumps(doc).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
         finally:
+            # no longer held once its answer is ready: counted down before the answer leaves, since the
+            # client may send its next query the moment it reads this one's (under load, before a count
+            # taken after the write)
             with cls.lock:
                 cls.in_flight -= 1
+        if self.fail in query:
+            status, doc = 400, {"status": "error", "errorType": "bad_data", "error": "parse error"}
+        else:
+            status, doc = 200, {"status": "success", "data": {"resultType": "vector", "result": []}}
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args):
         pass
