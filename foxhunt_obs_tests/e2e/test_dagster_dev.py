@@ -325,6 +325,42 @@ def _fail_a_run_from_the_cli(env: dict[str, str]) -> subprocess.CompletedProcess
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
 
 
+ASSET_COLUMNS_QUERY = """
+query {
+  assetNodes {
+    assetKey { path }
+    description
+    metadataEntries {
+      label
+      ... on JsonMetadataEntry { jsonString }
+      ... on TableSchemaMetadataEntry { schema { columns { name type description } } }
+    }
+  }
+}
+"""
+
+
+def _assert_the_ui_shows_every_lake_tables_columns(dagster) -> None:
+    """What the webserver serves the asset pages (their Columns tab and description): for each asset that
+    writes a lake table, its table's columns with type and note, and the table's text."""
+    from foxhunt_obs.lib import schemas
+
+    specs = {s.name: s for s in vars(schemas).values() if isinstance(s, schemas.TableSpec)}
+    shown = {}
+    for node in dagster.gql(ASSET_COLUMNS_QUERY)["assetNodes"]:
+        entries = {e["label"]: e for e in node["metadataEntries"]}
+        if "foxhunt/lake_tables" in entries:
+            table = json.loads(entries["foxhunt/lake_tables"]["jsonString"])[0]
+            shown[table] = (node, entries["dagster/column_schema"]["schema"]["columns"])
+    assert len(shown) == 15, sorted(shown)  # every asset that writes a lake table
+    for table, (node, columns) in shown.items():
+        spec = specs[table]
+        assert spec.doc in node["description"], node["assetKey"]
+        assert columns == [
+            {"name": f.name, "type": str(f.type), "description": spec.columns[f.name]} for f in spec.schema
+        ], table
+
+
 @pytest.mark.timeout(560)
 def test_dagster_dev_sensor_ticks_and_a_scheduled_run_succeeds(tmp_path):
     home = tmp_path / "dagster_home"
@@ -364,6 +400,9 @@ def test_dagster_dev_sensor_ticks_and_a_scheduled_run_succeeds(tmp_path):
         timings["first sensor tick"] = time.monotonic() - t0
         print(f"\n{SENSOR} tick: {tick['status']} {tick['skipReason']}")
         assert tick["status"] in ("SKIPPED", "SUCCESS"), tick
+
+        # (1b) every lake asset's page in the UI lists its table's columns, as lib/schemas.py notes them
+        _assert_the_ui_shows_every_lake_tables_columns(dagster)
 
         # (2) a scheduled run: start the schedule, then move its start back so the daemon's next
         # iteration (on the minute) catches up the last 07:30 UTC tick. Both happen mid-minute, away
