@@ -248,6 +248,7 @@ class CurSource:
         except (pa.ArrowException, OSError) as e:
             raise CurError(f"{where}: unreadable Parquet: {e}") from e
 
+        _check_tags_type(table.schema.field(TAGS).type, where)
         seen.update(tag_column(k) for k in _tag_keys(table.column(TAGS)))
         hours = _timestamps(table.column(USAGE_START), where)
         keep = pc.and_(pc.greater_equal(hours, pa.scalar(start, TS)), pc.less(hours, pa.scalar(end, TS)))
@@ -318,6 +319,19 @@ class CurSource:
                 tags.setdefault(nk, "" if v is None else str(v))
         p, e, x = (tags.get(c, "") for c in self.tag_columns)
         return p, e, x, json.dumps(tags, sort_keys=True, separators=(",", ":"))
+
+
+def _check_tags_type(t: pa.DataType, where: str) -> None:
+    """resource_tags as AWS writes it (map<string,string>), as a JSON object in a string (a CSV-style
+    export), or all null; any other type fails here, naming the file, the column and both types."""
+    if pa.types.is_map(t):
+        if not (pa.types.is_nested(t.key_type) or pa.types.is_nested(t.item_type)):
+            return
+    elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t):
+        return
+    raise CurError(
+        f"{where}: column {TAGS} has type {t}, expected map<string,string> (or a JSON object as a string)"
+    )
 
 
 def _tag_keys(col: pa.ChunkedArray) -> set[str]:

@@ -343,6 +343,33 @@ def test_a_file_without_a_required_column_fails(s3):
 
 
 @pytest.mark.servers
+@pytest.mark.parametrize(
+    "tags",
+    [
+        pa.array([7], pa.int64()),
+        pa.array([["user_project", "rl"]], pa.list_(pa.string())),
+        pa.array([{"user_project": "rl"}], pa.struct([("user_project", pa.string())])),
+        pa.array([b'{"user_project": "rl"}'], pa.binary()),
+    ],
+    ids=["int64", "list", "struct", "binary"],
+)
+def test_resource_tags_of_a_wrong_type_names_file_column_and_types(s3, tags):
+    """A resource_tags column pyarrow wrote with another type than AWS's map<string,string>."""
+    table = pq.read_table(io.BytesIO(parquet([line(h(2, 0))])))
+    table = table.set_column(table.schema.get_field_index("resource_tags"), "resource_tags", tags)
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    f = put_file(s3, "2026-11", "x.snappy.parquet", buf.getvalue(), "e1")
+    put_manifest(s3, "2026-11", [f], "e1")
+    with pytest.raises(CurError) as e:
+        CurSource(s3, ROOT).line_items(h(2, 0), h(3, 0))
+    assert str(e.value).startswith(f"CUR file {f} ")
+    # the type as the file holds it (Parquet names a list's item `element`)
+    found = str(tags.type).replace("list<item:", "list<element:")
+    assert f"column resource_tags has type {found}, expected map<string,string>" in str(e.value)
+
+
+@pytest.mark.servers
 def test_a_listed_file_that_is_missing_fails(s3):
     put_manifest(
         s3, "2026-11", [f"s3://{BUCKET}/{PREFIX}/{NAME}/data/BILLING_PERIOD=2026-11/e1/gone.parquet"], "e1"
