@@ -41,6 +41,7 @@ from foxhunt_obs.lib.redact import redact_url, remember, scrub, split_userinfo
 QUERIES_AT_ONCE = 4
 _RETRY_STATUS = {502, 503, 504}  # a proxy's bad gateway / gateway timeout, an overloaded Prometheus
 _READ_S = 10.0  # the longest one socket read may wait (within the total deadline)
+_ERROR_EXCERPT = 4096  # bytes of an error answer read: Prometheus's errors are short, a proxy's page cut
 _DEADLINE = threading.local()  # .at: the monotonic deadline of this thread's request in flight
 
 
@@ -408,7 +409,11 @@ class PrometheusClient:
                         return
                     last = attempt == self.retries or time.monotonic() + delay >= deadline
                     if r.status_code not in _RETRY_STATUS or last:
-                        raise describe(http_error_text(r))
+                        body, complete = self._excerpt(r, deadline)
+                        text = http_error_text(r, body)
+                        if not complete:  # a proxy's error page dripping: the status says enough
+                            text += f"; the error answer was still arriving: {self._late()}"
+                        raise describe(text)
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
@@ -433,6 +438,22 @@ class PrometheusClient:
                     raise describe(f"unreadable answer: {e}") from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             raise describe(f"connection lost mid-answer: {scrub(str(e))}") from None
+
+    def _excerpt(self, r: requests.Response, deadline: float) -> tuple[bytes, bool]:
+        """The first _ERROR_EXCERPT bytes of an error answer, read by the request's deadline as `_read`
+        reads an answer (the rest is never read); and whether it ended within them and in time."""
+        body = bytearray()
+        try:
+            while len(body) < _ERROR_EXCERPT:
+                if time.monotonic() > deadline:
+                    return bytes(body), False
+                chunk = r.raw.read1(_ERROR_EXCERPT - len(body), decode_content=True)
+                if not chunk:
+                    return bytes(body), True
+                body += chunk
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
+            return bytes(body), time.monotonic() <= deadline  # cut off: what came is the excerpt
+        return bytes(body), True
 
     def check(self) -> None:
         """Prometheus answers a trivial query (its /-/healthy may sit behind another path)."""
@@ -524,14 +545,16 @@ def _for(what: str) -> str:
     return f" (for {what})" if what else ""
 
 
-def http_error_text(r: requests.Response) -> str:
+def http_error_text(r: requests.Response, body: bytes | None = None) -> str:
     """An HTTP error answer of Prometheus as text: the status, its errorType and error (or the start of the
-    body), and a hint at what the status usually means (_HINTS; a 422 of a closing block: shutting down)."""
+    body), and a hint at what the status usually means (_HINTS; a 422 of a closing block: shutting down).
+    `body`: the excerpt of the body that was read (PrometheusClient._excerpt); None: the response's own."""
+    raw = r.content if body is None else body
     try:
-        body = r.json()
-        text = f"{body.get('errorType', '')}: {body.get('error', '')}".strip(": ")
-    except ValueError:
-        text = r.text[:300]
+        doc = json.loads(raw)
+        text = f"{doc.get('errorType', '')}: {doc.get('error', '')}".strip(": ")
+    except (ValueError, AttributeError):  # not JSON, cut short, or JSON that is no object
+        text = raw[:300].decode("utf-8", "replace")
     hint = _HINTS.get(r.status_code)
     if r.status_code == 422 and "is closing" in text:  # a stopping Prometheus closes its blocks first
         hint = "Prometheus is shutting down"

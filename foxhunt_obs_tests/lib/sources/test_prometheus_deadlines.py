@@ -29,6 +29,8 @@ MATRIX = json.dumps(
     separators=(",", ":"),
 ).encode()
 
+ERROR_PAGE = b"<html><head><title>503 Service Temporarily Unavailable</title></head><body>" + b" " * 4000
+
 
 class StandIn(http.server.ThreadingHTTPServer):
     daemon_threads = True
@@ -53,6 +55,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_response(502 if server.calls == 1 else 504)
             self.send_header("Content-Length", "0")
             self.end_headers()
+            return
+        if server.mode == "error-drip":  # a proxy's 503 page, 5 bytes a second (for 20 s at most)
+            self.send_response(503)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(ERROR_PAGE)))
+            self.end_headers()
+            try:
+                for i in range(100):  # each byte well inside the last try's socket timeout
+                    self.wfile.write(ERROR_PAGE[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass
             return
         if server.mode == "hang":
             time.sleep(30)
@@ -106,6 +121,27 @@ def test_a_stalling_server_fails_within_the_total_deadline(mode, kind):
     # a read that times out at the deadline may say either
     late = "no complete answer within 2 s" in str(e.value)
     assert late if mode != "hang" else (late or "timed out" in str(e.value).lower()), str(e.value)
+    server.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["query", "query_range"])
+def test_an_error_answer_dripping_its_page_fails_within_the_total_deadline(kind):
+    """The retries end on a 503 whose HTML page drips: the status and the page's first bytes are the
+    error, by the deadline (before, the whole page was read, each byte within a socket read's timeout)."""
+    server = StandIn("error-drip")
+    client = PrometheusClient(server.url, timeout_s=2, retries=3)
+    t = time.monotonic()
+    with pytest.raises(PrometheusError) as e:
+        if kind == "query":
+            client.query("up", 1.0, "gpu_samples partition 2026-11-16T00")
+        else:
+            client.query_range("up", 0, 60, 15, "gpu_samples partition 2026-11-16T00")
+    took = time.monotonic() - t
+    assert took < 3, took  # the deadline, plus a byte's wait
+    text = str(e.value)
+    assert server.url in text and "2026-11-16T00" in text and "HTTP 503 <" in text, text  # the page begun
+    assert "no complete answer within 2 s (FOXHUNT_PROMETHEUS_TIMEOUT" in text, text
+    assert server.calls == 3  # retried while time was left
     server.shutdown()
 
 
