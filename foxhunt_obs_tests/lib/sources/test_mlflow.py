@@ -234,6 +234,28 @@ def test_backend_store_errors_name_the_store(tmp_path):
     assert "s3cret" not in pw.where()
 
 
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "postgresql://fox:pg-s3cret@127.0.0.1:1/mlflow",  # the documented form, nothing listening
+        "postgres://fox:pg-s3cret@127.0.0.1:1/mlflow",  # libpq's spelling
+        "postgresql://fox:pg-s3cret@127.0.0.1:notaport/mlflow",
+        "postgresql//fox:pg-s3cret@127.0.0.1/mlflow",  # no colon after the scheme
+        "postgresql://fox:xy@pg-s3cret@127.0.0.1:1/mlflow",  # an unescaped @ in the password
+        "mysql://fox:pg-s3cret@127.0.0.1:1/mlflow",  # a driver that is not installed, or nothing listening
+        "nosuchdb://fox:pg-s3cret@127.0.0.1:1/mlflow",
+    ],
+)
+def test_a_bad_backend_store_uri_names_the_setting_never_the_password(uri):
+    with pytest.raises(MlflowSourceError) as e:
+        MlflowSource("", backend_store_uri=uri).runs()
+    text = str(e.value)
+    assert "FOXHUNT_MLFLOW_BACKEND_STORE_URI=" in text
+    assert "s3cret" not in text
+    assert "No module named 'psycopg'" not in text  # a bare postgresql:// goes through psycopg2
+    assert e.value.__cause__ is None and e.value.__suppress_context__
+
+
 # ---- errors --------------------------------------------------------------------------------------
 
 

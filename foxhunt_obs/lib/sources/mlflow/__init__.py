@@ -25,7 +25,7 @@ from foxhunt_obs.lib.redact import redact_url
 from foxhunt_obs.lib.sources.mlflow.client import ClientPath
 from foxhunt_obs.lib.sources.mlflow.model import HISTORY_SCHEMA, MlflowAuth, MlflowRun, MlflowSourceError
 from foxhunt_obs.lib.sources.mlflow.rest import BULK_MAX_RESULTS, BULK_MAX_RUNS, HISTORY_PAGE, RestPath
-from foxhunt_obs.lib.sources.mlflow.sql import SqlPath
+from foxhunt_obs.lib.sources.mlflow.sql import SqlPath, store_where
 
 __all__ = [
     "BULK_MAX_RESULTS",
@@ -75,7 +75,8 @@ class MlflowSource:
         self.rest = RestPath(
             self.tracking_uri, uri, workers=self.workers, timeout_s=timeout_s, retries=self.retries, auth=auth
         )
-        self.sql = SqlPath(backend_store_uri, redact_url(backend_store_uri)) if backend_store_uri else None
+        # errors name the setting the URI comes from, never its password
+        self.sql = SqlPath(backend_store_uri, store_where(backend_store_uri)) if backend_store_uri else None
 
     def experiments(self) -> dict[str, str]:
         """id -> name of every experiment (active and deleted), only the named ones when a filter is set."""

@@ -3,16 +3,18 @@ the sqlite file), read-only, one query per chunk of runs: no server in the way, 
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import sqlite3
 from collections.abc import Iterator, Sequence
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import numpy as np
 import pyarrow as pa
 
 from foxhunt_obs.lib import tracing
-from foxhunt_obs.lib.redact import scrub
+from foxhunt_obs.lib.redact import MASK, configured_secrets, redact_url, scrub
 from foxhunt_obs.lib.sources.mlflow.model import (
     HISTORY_SCHEMA,
     MlflowRun,
@@ -22,6 +24,7 @@ from foxhunt_obs.lib.sources.mlflow.model import (
     utc,
 )
 
+BACKEND_STORE_SETTING = "FOXHUNT_MLFLOW_BACKEND_STORE_URI"  # where the URI comes from, as errors name it
 SQL_CHUNK = 500  # ids per `IN (...)`: below every database's bound-parameter limit
 METRICS_CHUNK = 16  # runs per metrics query: bounds the row tuples alive at once
 _METRIC_ROW = np.dtype(
@@ -45,29 +48,50 @@ class SqlPath:
         self._engine = None
 
     def engine(self):
-        """The store's SQLAlchemy engine, opened on first use: a sqlite file read-only at the file level."""
+        """The store's SQLAlchemy engine, opened on first use: a sqlite file read-only at the file level.
+        A URI SQLAlchemy cannot read (malformed, an unknown or uninstalled driver) fails naming the store."""
         if self._engine is None:
             import sqlalchemy as sa
-            from sqlalchemy.pool import NullPool
 
-            url = sa.engine.make_url(self.backend_store_uri)
-            if url.get_backend_name() == "sqlite":
-                path = url.database
-                if not path or path == ":memory:" or not os.path.exists(path):
-                    raise MlflowSourceError(f"MLflow store {self.where}: no sqlite file at {path!r}")
-                # read-only at the file level: this process can never write MLflow's store
-                self._engine = sa.create_engine(
-                    "sqlite://",
-                    creator=lambda: sqlite3.connect(
-                        f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True, check_same_thread=False
-                    ),
-                    poolclass=NullPool,
-                )
-            else:
-                # every statement here is a SELECT this module builds; point it at a read replica or
-                # a read-only role all the same. NullPool: nothing stays open between two reads.
-                self._engine = sa.create_engine(url, poolclass=NullPool)
+            try:
+                url = sa.engine.make_url(self.backend_store_uri)
+                self._engine = self._create(sa, with_driver(url))
+            except (sa.exc.ArgumentError, ValueError, ImportError) as e:
+                text = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise MlflowSourceError(
+                    f"MLflow store {self.where}: {self._scrub(text)} (expected "
+                    "postgresql://user:password@host:5432/database or sqlite:////path/to/mlflow.db)"
+                ) from None
         return self._engine
+
+    def _create(self, sa, url):
+        from sqlalchemy.pool import NullPool
+
+        if url.get_backend_name() == "sqlite":
+            path = url.database
+            if not path or path == ":memory:" or not os.path.exists(path):
+                raise MlflowSourceError(f"MLflow store {self.where}: no sqlite file at {path!r}")
+            # read-only at the file level: this process can never write MLflow's store
+            return sa.create_engine(
+                "sqlite://",
+                creator=lambda: sqlite3.connect(
+                    f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True, check_same_thread=False
+                ),
+                poolclass=NullPool,
+            )
+        # every statement here is a SELECT this module builds; point it at a read replica or a read-only
+        # role all the same. NullPool: nothing stays open between two reads.
+        return sa.create_engine(url, poolclass=NullPool)
+
+    def _scrub(self, text: str) -> str:
+        """An error's text without the store's password, configured or not."""
+        try:
+            password = urlsplit(self.backend_store_uri).password
+        except ValueError:
+            password = None
+        # an unescaped `@` in the password splits it: a driver may echo the part after it as the host
+        parts = [p for p in (password or "").split("@") if len(p) >= 4]
+        return scrub(text, [*configured_secrets(), *([password] if password else []), *parts])
 
     def _sql(self, call: str, query, raw: bool = False) -> list[tuple]:
         """Rows of a Core query. raw: through the DBAPI cursor, skipping SQLAlchemy's Row objects
@@ -83,7 +107,7 @@ class SqlPath:
                 return rows
         except (sa.exc.SQLAlchemyError, engine.dialect.loaded_dbapi.Error) as e:
             text = str(getattr(e, "orig", None) or e).splitlines()[0]
-            raise MlflowSourceError(f"MLflow store {self.where}: {call}: {scrub(text)}") from None
+            raise MlflowSourceError(f"MLflow store {self.where}: {call}: {self._scrub(text)}") from None
 
     def _sql_in(
         self,
@@ -184,6 +208,29 @@ class SqlPath:
         v = a["value"].copy()
         v[a["is_nan"]] = np.nan  # MLflow stores NaN as 0 with is_nan set
         return history_table(_strings(a["run_uuid"]), _strings(a["key"]), a["step"], a["ts"], v)
+
+
+def store_where(uri: str) -> str:
+    """How errors name the store: the setting and its URI, without user and password even where the URI
+    is malformed (`postgresql//u:p@host/db`: all before the last `@` but the scheme is masked)."""
+    where = redact_url(uri)
+    if "@" in where:
+        head, tail = where.rsplit("@", 1)
+        scheme = re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/*", head)
+        where = f"{scheme.group(0) if scheme else ''}{MASK}@{tail}"
+    return f"{BACKEND_STORE_SETTING}={where}"
+
+
+def with_driver(url):
+    """`url` with a PostgreSQL driver that is installed: SQLAlchemy 2 reads a bare postgresql:// as psycopg
+    (3), while the psycopg2 that dagster-postgres needs is what is installed; postgres:// (Heroku's and
+    libpq's spelling) is no SQLAlchemy name at all. Either becomes postgresql+psycopg2 when psycopg is
+    absent and psycopg2 present, else postgresql (psycopg). A driver named explicitly is kept."""
+    if url.drivername not in ("postgresql", "postgres"):
+        return url
+    if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+        return url.set(drivername="postgresql+psycopg2")
+    return url.set(drivername="postgresql")
 
 
 def _sql_rows(engine, query, raw: bool) -> list[tuple]:
