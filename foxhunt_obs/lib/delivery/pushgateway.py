@@ -19,13 +19,19 @@ the push raises ``PushgatewayError`` naming the gateway (credentials masked) and
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import functools
+import http.client
 import math
+import socket
+import threading
 import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Gauge
-from prometheus_client.exposition import basic_auth_handler, default_handler, push_to_gateway
+from prometheus_client.exposition import push_to_gateway
 
 from foxhunt_obs.lib.delivery.errors import scrub_secrets
 from foxhunt_obs.lib.errors import InputError
@@ -63,7 +69,7 @@ def push_spend(
     experiment, cost_usd, idle_usd. An idle_usd of None or NaN (activity unknown) pushes no idle sample for
     that row: unknown is not idle (docs/cost-model.md). A label of None or NaN is pushed empty (no label).
     ``url`` may carry ``user:password@`` (sent as basic auth, never shown). The push is one HTTP request
-    whose connect and every read are bounded by ``timeout_s``."""
+    that ends within ``timeout_s`` as a whole (connecting, sending, the answer and an error's body)."""
     if not url:
         raise ValueError("push_spend: no Pushgateway URL")
     registry = CollectorRegistry()
@@ -106,34 +112,141 @@ def push_spend(
 
     plain, credentials = split_userinfo(url)
     shown = redact_url(url)
-    handler = default_handler if credentials is None else _basic_auth(*credentials)
     # "user:password" first: basic auth sends it base64-encoded whole. Shorter than 4 would mask plain words.
     pair = [":".join(credentials)] if credentials else []
     secrets = [s for s in (*pair, *(credentials or ())) if len(s) >= 4]
-    try:
-        push_to_gateway(plain, job=job, registry=registry, timeout=timeout_s, handler=handler)
-    except urllib.error.HTTPError as e:  # the gateway answered: 400 inconsistent metrics, 401, 5xx
-        detail = _body(e)
-        why = f"refused the push of job {job!r}: HTTP {e.code} {e.reason}" + (f": {detail}" if detail else "")
-        raise PushgatewayError(_masked(f"Pushgateway {shown} {why}", secrets)) from None
-    except (OSError, ValueError) as e:  # refused, unresolvable, timed out, a malformed URL
-        reason = getattr(e, "reason", None) or e
-        why = f"unreachable pushing job {job!r} (timeout {timeout_s:g} s): {type(reason).__name__}: {reason}"
+    late = (
+        f"did not take the push of job {job!r} within its timeout {timeout_s:g} s (the whole request): "
+        "the gateway or a proxy is stalling"
+    )
+    why = ""
+    with _Watchdog(timeout_s) as watchdog:
+        try:
+            push_to_gateway(
+                plain, job=job, registry=registry, timeout=timeout_s, handler=watchdog.handler(credentials)
+            )
+        except urllib.error.HTTPError as e:  # the gateway answered: 400 inconsistent metrics, 401, 5xx
+            detail = _body(e)  # by the deadline too
+            why = f"refused the push of job {job!r}: HTTP {e.code} {e.reason}" + (
+                f": {detail}" if detail else ""
+            )
+            if watchdog.expired:
+                why += f" (its answer cut at the timeout, {timeout_s:g} s)"
+        except (OSError, ValueError, http.client.HTTPException) as e:  # refused, unresolvable, timed out
+            reason = getattr(e, "reason", None) or e
+            why = (
+                late
+                if watchdog.expired
+                else (
+                    f"unreachable pushing job {job!r} (timeout {timeout_s:g} s): {type(reason).__name__}: {reason}"
+                )
+            )
+        else:
+            if watchdog.expired:  # headers cut at the deadline can read as a complete answer
+                why = late
+    if why:
         raise PushgatewayError(_masked(f"Pushgateway {shown} {why}", secrets)) from None
     return sum(len(m.samples) for m in registry.collect())
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's, under TLS too
+    except OSError:
+        pass  # already closed: the wait it would end has ended
+
+
+class _Watchdog:
+    """The whole push's deadline: urllib's timeout bounds each socket operation only, so a gateway dripping
+    its headers or an error page a byte at a time would hold the push for minutes. At the deadline the
+    sockets of the push's connections are shut down, which ends any wait on them."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self.expired = False
+        self._timer = threading.Timer(timeout_s, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shutdown(sock)
+
+    def connect(self, *args, **kwargs) -> socket.socket:
+        """socket.create_connection, the socket watched (shut at once if the deadline has passed)."""
+        sock = socket.create_connection(*args, **kwargs)
+        with self._lock:
+            self._socks.append(sock)
+            expired = self.expired
+        if expired:
+            _shutdown(sock)
+        return sock
+
+    def handler(self, credentials: tuple[str, str] | None) -> Callable:
+        """A prometheus_client push handler over watched connections (basic auth with ``credentials``)."""
+
+        def handler(url, method, timeout, headers, data):
+            def handle() -> None:
+                request = urllib.request.Request(url, data=data, method=method)
+                for k, v in headers:
+                    request.add_header(k, v)
+                if credentials is not None:
+                    token = base64.b64encode(":".join(credentials).encode()).decode()
+                    request.add_header("Authorization", f"Basic {token}")
+                opener = urllib.request.build_opener(_HTTPHandler(self), _HTTPSHandler(self))
+                with opener.open(request, timeout=timeout):  # 4xx/5xx: urllib's HTTPError
+                    pass
+
+            return handle
+
+        return handler
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    def __init__(self, *args, watchdog: _Watchdog, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = watchdog.connect
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, *args, watchdog: _Watchdog, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = watchdog.connect
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self._watchdog = watchdog
+
+    def http_open(self, req):
+        return self.do_open(functools.partial(_HTTPConnection, watchdog=self._watchdog), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self._watchdog = watchdog
+
+    def https_open(self, req):
+        connection = functools.partial(_HTTPSConnection, watchdog=self._watchdog)
+        return self.do_open(connection, req, context=self._context)
 
 
 def _masked(text: str, secrets: list[str]) -> str:
     """URL userinfo and token parameters masked, and the credentials, also base64-encoded (an echoed
     Authorization header)."""
     return scrub_secrets(scrub(text, secrets), *secrets)
-
-
-def _basic_auth(username: str, password: str) -> Callable:
-    def handler(url, method, timeout, headers, data):
-        return basic_auth_handler(url, method, timeout, headers, data, username, password)
-
-    return handler
 
 
 def _body(e: urllib.error.HTTPError) -> str:

@@ -159,6 +159,21 @@ class _Recorder(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.server.requests.append((self.path, dict(self.headers), body))
         status, text = self.server.answer
+        if status in ("drip-headers", "drip-503"):  # 5 bytes a second, for 20 s at most
+            head = b"HTTP/1.1 200 OK\r\nX-Drip: " + b"a" * 200
+            page = b"<html><title>503 Service Temporarily Unavailable</title>" + b" " * 200
+            dripped = head if status == "drip-headers" else page
+            try:
+                if status == "drip-503":
+                    self.wfile.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/html\r\n")
+                    self.wfile.write(f"Content-Length: {len(page)}\r\n\r\n".encode())
+                for i in range(100):  # each byte well inside the client's socket timeout
+                    self.wfile.write(dripped[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass
+            return
         if status is None:
             time.sleep(3)  # slower than the client's timeout
             status = 200
@@ -207,6 +222,27 @@ def test_a_slow_gateway_is_cut_at_the_timeout(stand_in):
             f"http://127.0.0.1:{stand_in.server_address[1]}", untracked=[], lake_daily=[], timeout_s=0.5
         )
     assert time.monotonic() - t0 < 2.5
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("answer", ["drip-headers", "drip-503"])
+def test_a_dripping_gateway_is_cut_at_the_timeout_as_a_whole(stand_in, answer):
+    """A gateway (or its proxy) dripping its headers or an error page: each byte arrives within the socket
+    timeout, so only the whole push's deadline ends it (before, spend_now waited for the whole drip)."""
+    stand_in.answer = (answer, "")
+    port = stand_in.server_address[1]
+    t0 = time.monotonic()
+    with pytest.raises(PushgatewayError) as e:
+        push_spend(
+            f"http://ops:{PASSWORD}@127.0.0.1:{port}", untracked=[NOTEBOOK], lake_daily=[], timeout_s=1
+        )
+    assert time.monotonic() - t0 < 2
+    text = str(e.value)
+    assert text.startswith(f"Pushgateway http://***@127.0.0.1:{port} ") and PASSWORD not in text, text
+    if answer == "drip-headers":
+        assert "did not take the push of job 'foxhunt_obs_spend' within its timeout 1 s" in text, text
+    else:
+        assert "HTTP 503 Service Unavailable: <html" in text and "cut at the timeout, 1 s" in text, text
 
 
 @pytest.mark.servers
