@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -209,6 +210,29 @@ def test_a_broken_overrides_file_does_not_stop_alerting(lake, tmp_path, monkeypa
     result = _alert_tick(definitions)
     assert "goes on with the catalog's own rules" in result.skip_message
     assert not result.skip_message.startswith("1 rules evaluated")  # every enabled rule of the catalog
+
+
+@pytest.mark.servers
+def test_an_alias_bomb_or_a_huge_overrides_file_does_not_stop_alerting(lake, monkeypatch):
+    """A rules file whose aliases would expand to ~387 million strings, then one of 20 MB: each tick
+    evaluates the last good rules at once and says why in a short line."""
+    definitions = defs()
+    overrides = Path(os.environ["FOXHUNT_ALERT_RULES"])
+    assert "1 notified" in _alert_tick(definitions).skip_message  # the good file, once
+    levels = ['&a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    overrides.write_text(
+        f"rules:\n  gpu_overheat: {{thresholds: {{temp_max_celsius: [{', '.join(levels)}]}}}}\n"
+    )
+    start = time.monotonic()
+    result = _alert_tick(definitions)
+    assert time.monotonic() - start < 10
+    assert result.skip_message.startswith("1 rules evaluated")  # the last good set
+    assert f"the rules it gave last: {overrides}, line 2: alias *a0 refused" in result.skip_message
+    overrides.write_text("rules:\n  gpu_overheat: {for: '" + "9" * 20_000_000 + "'}\n")
+    result = _alert_tick(definitions)
+    assert result.skip_message.startswith("1 rules evaluated") and len(result.skip_message) < 500
+    assert f"{overrides}: {overrides.stat().st_size} bytes, over the 1048576 bytes" in result.skip_message
 
 
 @pytest.mark.servers

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import string
 from collections.abc import Mapping
@@ -29,12 +30,16 @@ from typing import Any
 import yaml
 
 from foxhunt_obs.lib.errors import InputError
-from foxhunt_obs.lib.yaml_text import load_yaml
+from foxhunt_obs.lib.yaml_text import YamlAliasError, load_operator_yaml, load_yaml
+from foxhunt_obs.lib.yaml_text import excerpt as _show
 
 SEVERITIES = ("critical", "warning", "info")
 SOURCES = ("prometheus", "mlflow", "cloudwatch", "lake", "ec2")
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "alert_rules.yaml"
 OVERRIDES_ENV = "FOXHUNT_ALERT_RULES"
+# the most bytes a rules file may have (the catalog is ~17 KB, an overrides file a few KB): a bigger
+# one is refused before it is parsed
+MAX_FILE_BYTES = 1024 * 1024
 
 _REQUIRED = ("id", "severity", "source", "for", "thresholds", "key", "summary", "description")
 _OPTIONAL = ("labels", "promql", "enabled", "select", "budgets", "refreshes_training")
@@ -52,10 +57,12 @@ class RuleCatalogError(InputError, ValueError):
 def parse_duration(text: str) -> float:
     """A Prometheus-style duration in seconds: "30m" → 1800, "1h30m" → 5400, "0s" → 0, "90s" → 90."""
     if not isinstance(text, str):
-        raise ValueError(f"duration must be a string like '30m', got {text!r}")
+        raise ValueError(f"duration must be a string like '30m', got {_show(text)}")
     s = text.strip()
     if not s:
         raise ValueError("empty duration")
+    if len(s) > 64:  # no duration is longer; and the scan below is quadratic in a run of digits
+        raise ValueError(f"bad duration {_show(text)}: use e.g. '0s', '90s', '5m', '1h', '1h30m'")
     pos, total = 0, 0.0
     for m in _DURATION.finditer(s):
         if m.start() != pos:
@@ -63,7 +70,7 @@ def parse_duration(text: str) -> float:
         total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
         pos = m.end()
     if pos != len(s):
-        raise ValueError(f"bad duration {text!r}: use e.g. '0s', '90s', '5m', '1h', '1h30m'")
+        raise ValueError(f"bad duration {_show(text)}: use e.g. '0s', '90s', '5m', '1h', '1h30m'")
     return total
 
 
@@ -224,18 +231,20 @@ def load_rules_or_last_good(
     path: Path | None = None, overrides: Path | str | None = None
 ) -> tuple[list[Rule], str]:
     """(rules, error): like load_rules, but a broken overrides file (FOXHUNT_ALERT_RULES) does not stop
-    alerting: the rules it gave last (or, never good, the catalog's own) are used, and `error` says
-    what is wrong in it (YAML errors name the line). A broken packaged catalog still raises."""
+    alerting, whatever loading it raises: the rules it gave last (or, never good, the catalog's own) are
+    used, and `error` says what is wrong in it (YAML errors name the line; a bad value is shown as an
+    excerpt). A broken packaged catalog still raises."""
     chosen = "" if overrides is None else str(overrides)
     try:
         rules = load_rules(path, chosen)
-    except RuleCatalogError as e:
+    except Exception as e:  # a RuleCatalogError, or whatever else a bad file brings (MemoryError, ...)
         if not chosen.strip():
             raise
         last = _LAST_GOOD.get(chosen)
         fallback = last if last is not None else load_rules(path, "")
         which = "the rules it gave last" if last is not None else "the catalog's own rules"
-        return fallback, f"{OVERRIDES_ENV} is broken, alerting goes on with {which}: {e}"
+        why = str(e) if isinstance(e, RuleCatalogError) else f"{chosen}: {type(e).__name__}: {_show(str(e))}"
+        return fallback, f"{OVERRIDES_ENV} is broken, alerting goes on with {which}: {_short(why)}"
     _LAST_GOOD[chosen] = rules
     return rules, ""
 
@@ -252,7 +261,7 @@ def _version(path: Path) -> tuple[int, int] | None:
 def _load_rules(
     path: Path, version: tuple | None, overrides: Path | None, overrides_version: tuple | None
 ) -> tuple[Rule, ...]:
-    doc = _read_yaml(path)
+    doc = _read_yaml(path, aliases=True)
     if not isinstance(doc, dict) or set(doc) != {"rules"} or not isinstance(doc["rules"], list):
         raise RuleCatalogError(f"{path}: expected a mapping with one key `rules` holding a list of rules")
     rules: list[Rule] = []
@@ -260,7 +269,7 @@ def _load_rules(
     for i, raw in enumerate(doc["rules"]):
         rule = _parse_rule(raw, path, i)
         if rule.id in seen:
-            raise RuleCatalogError(f"{path}: rule {rule.id!r}: duplicate id")
+            raise RuleCatalogError(f"{path}: rule {_show(rule.id)}: duplicate id")
         seen.add(rule.id)
         rules.append(rule)
     if overrides is not None:
@@ -268,29 +277,51 @@ def _load_rules(
     return tuple(rules)
 
 
-def _read_yaml(path: Path) -> Any:
+def _read_yaml(path: Path, aliases: bool) -> Any:
+    """The document of a rules file of at most MAX_FILE_BYTES; aliases=False (the operator's overrides
+    file): one with an alias is refused, naming the line, before its values are built."""
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise RuleCatalogError(f"{path}: cannot read the alert rules: {e}") from e
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+            if len(data) > MAX_FILE_BYTES:
+                size = os.fstat(f.fileno()).st_size
+                raise RuleCatalogError(
+                    f"{path}: {size} bytes, over the {MAX_FILE_BYTES} bytes an alert rules file may have"
+                    f" ({OVERRIDES_ENV}): a rules file is a few KB"
+                )
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise RuleCatalogError(f"{path}: cannot read the alert rules: {_show(str(e))}") from e
     try:
-        return load_yaml(text)
+        return load_yaml(text) if aliases else load_operator_yaml(text, str(path))
+    except YamlAliasError as e:
+        raise RuleCatalogError(str(e)) from e
     except yaml.YAMLError as e:
-        raise RuleCatalogError(f"{path}: not valid YAML: {e}") from e
+        raise RuleCatalogError(f"{path}: not valid YAML: {_short(str(e))}") from e
+
+
+def _name(value: Any) -> str:
+    """A name (a threshold, a label, a placeholder) as errors show it: as written when short."""
+    return value if isinstance(value, str) and len(value) <= 100 else _show(value)
+
+
+def _short(message: str, limit: int = 2000) -> str:
+    """An error message cut to `limit` characters: what a log line shows of a loader's own error."""
+    return message if len(message) <= limit else f"{message[:limit]}… ({len(message)} characters)"
 
 
 def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
     if not isinstance(raw, dict):
         raise RuleCatalogError(f"{path}: rule #{index + 1}: expected a mapping, got {type(raw).__name__}")
     rid = raw.get("id")
-    where = f"{path}: rule {rid!r}" if isinstance(rid, str) and rid else f"{path}: rule #{index + 1}"
+    where = f"{path}: rule {_show(rid)}" if isinstance(rid, str) and rid else f"{path}: rule #{index + 1}"
 
     def fail(msg: str) -> RuleCatalogError:
         return RuleCatalogError(f"{where}: {msg}")
 
     unknown = sorted(set(raw) - set(_REQUIRED) - set(_OPTIONAL))
     if unknown:
-        raise fail(f"unknown fields {unknown} (allowed: {list(_REQUIRED + _OPTIONAL)})")
+        raise fail(f"unknown fields {_show(unknown)} (allowed: {list(_REQUIRED + _OPTIONAL)})")
     missing = [f for f in _REQUIRED if f not in raw]
     if missing:
         raise fail(f"missing fields {missing}")
@@ -298,14 +329,14 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
         raise fail("id must be snake_case: lower-case letters, digits and _")
     _check_severity(raw["severity"], fail)
     if raw["source"] not in SOURCES:
-        raise fail(f"source {raw['source']!r} is not one of {SOURCES}")
+        raise fail(f"source {_show(raw['source'])} is not one of {SOURCES}")
     for_seconds = _duration(raw["for"], fail)
     thresholds = _thresholds(raw["thresholds"], fail)
     key = raw["key"]
     if not isinstance(key, list) or not all(isinstance(k, str) and _LABEL_NAME.fullmatch(k) for k in key):
         raise fail("key must be a list of label names")
     if len(set(key)) != len(key):
-        raise fail(f"key {key} names a label twice")
+        raise fail(f"key {_show(key)} names a label twice")
     for name in ("summary", "description"):
         if not isinstance(raw[name], str) or not raw[name].strip():
             raise fail(f"{name} must be a non-empty string")
@@ -334,7 +365,7 @@ def _parse_rule(raw: Any, path: Path, index: int) -> Rule:
         raise fail("select is for rules evaluated in Python; a promql rule says it in its PromQL")
     if promql is not None:
         if raw["source"] != "prometheus":
-            raise fail(f"promql is only for source prometheus, not {raw['source']!r}")
+            raise fail(f"promql is only for source prometheus, not {_show(raw['source'])}")
         if not isinstance(promql, str) or not promql.strip():
             raise fail("promql must be a non-empty string")
         promql = promql.strip() + "\n" if "\n" in promql.strip() else promql.strip()
@@ -369,7 +400,7 @@ def _select(value: Any, fail) -> dict[str, str]:
         try:
             re.compile(rx)
         except re.error as e:
-            raise fail(f"select {k}: bad regular expression {rx!r}: {e}") from None
+            raise fail(f"select {_name(k)}: bad regular expression {_show(rx)}: {_show(str(e))}") from None
     return dict(value)
 
 
@@ -386,22 +417,24 @@ def _budgets(value: Any, fail) -> dict[str, float]:
             or not math.isfinite(limit)
             or limit <= 0
         ):
-            raise fail(f"budgets {name}: the limit must be a positive number of USD, got {limit!r}")
+            raise fail(
+                f"budgets {_name(name)}: the limit must be a positive number of USD, got {_show(limit)}"
+            )
         out[name] = float(limit)
     return out
 
 
 def _check_severity(value: Any, fail) -> None:
     if value not in SEVERITIES:
-        raise fail(f"severity {value!r} is not one of {SEVERITIES}")
+        raise fail(f"severity {_show(value)} is not one of {SEVERITIES}")
 
 
 def _duration(value: Any, fail) -> float:
     if isinstance(value, bool):
-        raise fail(f"for must be a duration like '30m', got {value!r}")
+        raise fail(f"for must be a duration like '30m', got {_show(value)}")
     if isinstance(value, int | float):
         if value < 0 or not math.isfinite(value):
-            raise fail(f"for must be >= 0 seconds, got {value!r}")
+            raise fail(f"for must be >= 0 seconds, got {_show(value)}")
         return float(value)
     try:
         return parse_duration(value)
@@ -417,9 +450,9 @@ def _thresholds(value: Any, fail) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, v in value.items():
         if not isinstance(name, str) or not _LABEL_NAME.fullmatch(name) or name == "value":
-            raise fail(f"threshold name {name!r} must be an identifier other than 'value'")
+            raise fail(f"threshold name {_show(name)} must be an identifier other than 'value'")
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise fail(f"threshold {name} must be a finite number, got {v!r}")
+            raise fail(f"threshold {_name(name)} must be a finite number, got {_show(v)}")
         out[name] = float(v)
     return out
 
@@ -430,13 +463,15 @@ def _check_expr(rule: Rule, fail) -> None:
     try:
         rule.expr()
     except KeyError as e:
-        raise fail(f"promql uses ${e.args[0]}, which is not in thresholds {sorted(rule.thresholds)}") from e
+        raise fail(
+            f"promql uses ${_name(e.args[0])}, which is not in thresholds {sorted(rule.thresholds)}"
+        ) from e
     except ValueError as e:
         raise fail(f"promql has a bad $placeholder (write $$ for a literal $): {e}") from e
 
 
 def _apply_overrides(rules: list[Rule], path: Path) -> list[Rule]:
-    doc = _read_yaml(path)
+    doc = _read_yaml(path, aliases=False)
     if doc is None:
         return rules
     if not isinstance(doc, dict) or set(doc) - {"rules"}:
@@ -446,7 +481,7 @@ def _apply_overrides(rules: list[Rule], path: Path) -> list[Rule]:
         raise RuleCatalogError(f"{path}: `rules` must map rule ids to overrides")
     by_id = {r.id: r for r in rules}
     for rid, change in entries.items():
-        where = f"{path}: rule {rid!r}"
+        where = f"{path}: rule {_show(rid)}"
 
         def fail(msg: str, where: str = where) -> RuleCatalogError:
             return RuleCatalogError(f"{where}: {msg}")
@@ -459,14 +494,14 @@ def _apply_overrides(rules: list[Rule], path: Path) -> list[Rule]:
             raise fail("expected a mapping of overrides")
         unknown = sorted(set(change) - set(OVERRIDABLE))
         if unknown:
-            raise fail(f"unknown fields {unknown} (overridable: {list(OVERRIDABLE)})")
+            raise fail(f"unknown fields {_show(unknown)} (overridable: {list(OVERRIDABLE)})")
         rule = by_id[rid]
         updates: dict[str, Any] = {}
         if "thresholds" in change:
             new = _thresholds(change["thresholds"], fail)
             extra = sorted(set(new) - set(rule.thresholds))
             if extra:
-                raise fail(f"unknown thresholds {extra} (the rule has {sorted(rule.thresholds)})")
+                raise fail(f"unknown thresholds {_show(extra)} (the rule has {sorted(rule.thresholds)})")
             updates["thresholds"] = {**rule.thresholds, **new}
         if "for" in change:
             updates["for_seconds"] = _duration(change["for"], fail)

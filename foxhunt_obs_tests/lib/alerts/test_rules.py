@@ -372,3 +372,93 @@ def test_fingerprint_is_stable_and_depends_on_the_key_only():
     assert missing.fingerprint({}) == missing.fingerprint({"node": "x"})
     # pinned: a change would re-notify every open alert after an upgrade
     assert a == "9314e9a62b7b194430b2471feaa6c7744363e89ff6288d20f747e692cb716d2c"
+
+
+# ---- a hostile or oversized overrides file -----------------------------------------------------------
+
+
+def alias_bomb() -> str:
+    """~0.5 KB of YAML whose aliases, nested 9 deep, stand for 9**9 (~387 million) strings once walked."""
+    levels = ['&a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return f"rules:\n  gpu_overheat:\n    thresholds: {{temp_max_celsius: [{', '.join(levels)}]}}\n"
+
+
+BOMB_CHILD = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (600 * 2**20, 600 * 2**20))
+from foxhunt_obs.lib.alerts.rules import RuleCatalogError, load_rules, load_rules_or_last_good
+start = time.monotonic()
+try:
+    load_rules(overrides=sys.argv[1])
+except RuleCatalogError as e:
+    print("refused", round(time.monotonic() - start, 3), e)
+rules, error = load_rules_or_last_good(overrides=sys.argv[1])
+print("fallback", len(rules), len(error), error)
+"""
+
+
+@pytest.mark.servers  # a child process: the bomb, should it go off, goes off under a 600 MB limit
+def test_an_alias_bomb_is_refused_fast_in_bounded_memory(tmp_path):
+    import subprocess
+    import sys
+
+    path = write(tmp_path, "bomb.yaml", alias_bomb())
+    done = subprocess.run(
+        [sys.executable, "-c", BOMB_CHILD, str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused, fallback = done.stdout.splitlines()
+    _, seconds, message = refused.split(" ", 2)
+    assert float(seconds) < 1.0
+    assert message.startswith(f"{path}, line 3: alias *a0 refused")
+    _, count, length, error = fallback.split(" ", 3)
+    assert int(count) == len(load_rules(overrides="")) and int(length) < 500
+    assert error.startswith("FOXHUNT_ALERT_RULES is broken, alerting goes on with the catalog's own rules")
+
+
+def test_any_failure_to_load_the_overrides_falls_back_to_the_last_good_rules(tmp_path, monkeypatch):
+    """Not only a RuleCatalogError: whatever loading a bad file raises (here a MemoryError) keeps alerting
+    on the rules the file gave last, and says so."""
+    from foxhunt_obs.lib.alerts import rules as rules_module
+
+    path = write(tmp_path, "o.yaml", "rules:\n  gpu_overheat: {thresholds: {temp_max_celsius: 70}}\n")
+    good, error = rules_module.load_rules_or_last_good(overrides=path)
+    assert error == "" and by_id(good)["gpu_overheat"].thresholds["temp_max_celsius"] == 70
+
+    def out_of_memory(*args):
+        raise MemoryError("x" * 5_000_000)
+
+    write(tmp_path, "o.yaml", "rules:\n  gpu_overheat: {thresholds: {temp_max_celsius: 600}}\n")
+    monkeypatch.setattr(rules_module, "_apply_overrides", out_of_memory)
+    rules, error = rules_module.load_rules_or_last_good(overrides=path)
+    assert rules == good
+    assert error.startswith("FOXHUNT_ALERT_RULES is broken, alerting goes on with the rules it gave last: ")
+    assert f"{path}: MemoryError: " in error and "(5000000 bytes)" in error and len(error) < 500
+
+
+def test_an_oversized_overrides_file_is_refused_before_it_is_parsed(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("rules:\n  gpu_overheat: {for: '" + "9" * 20_000_000 + "'}\n")
+    with pytest.raises(RuleCatalogError) as err:
+        load_rules(overrides=path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: {path.stat().st_size} bytes, over the 1048576 bytes")
+    assert "FOXHUNT_ALERT_RULES" in message and len(message) < 300
+
+
+def test_an_error_about_a_long_value_shows_an_excerpt(tmp_path):
+    with pytest.raises(ValueError) as err:
+        parse_duration("9" * 20_000_000)
+    assert "… (20000000 bytes)" in str(err.value) and len(str(err.value)) < 300
+    # under the size cap, in a file: the error names the file and the rule, shows 200 characters
+    path = write(tmp_path, "o.yaml", {"rules": {"gpu_overheat": {"severity": "p" * 900_000}}})
+    with pytest.raises(RuleCatalogError) as err:
+        load_rules(overrides=path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: rule 'gpu_overheat': severity 'ppp")
+    assert "… (900000 bytes) is not one of" in message and len(message) < 400
+    path = write(tmp_path, "k.yaml", {"rules": {"gpu_overheat": {"thresholds": {"x" * 900_000: 1}}}})
+    with pytest.raises(RuleCatalogError, match="unknown thresholds") as err:
+        load_rules(overrides=path)
+    assert len(str(err.value)) < 600
