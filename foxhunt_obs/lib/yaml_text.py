@@ -14,6 +14,8 @@ import reprlib
 
 import yaml
 
+from foxhunt_obs.lib.errors import InputError
+
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 EXCERPT_CHARS = 200  # the most of a bad value an error or a log line shows
 
@@ -22,8 +24,9 @@ _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, EXCERPT_CHARS, EXCERPT_CHAR
 _REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = _REPR.maxset = 10
 
 
-class YamlAliasError(yaml.YAMLError):
-    """An alias in a file that may not use them; the message names the file and the line."""
+class YamlAliasError(InputError, yaml.YAMLError):
+    """An alias in a file that may not use them (the operator's file: their input's fault); the message
+    names the file and the line."""
 
 
 def load_yaml(text: str):
